@@ -1,0 +1,46 @@
+// Perplexity with llama.cpp's protocol, so numbers compare across engines:
+// the token stream (BOS first) is cut into chunks of `ctx` tokens; each chunk
+// starts from an empty KV cache with its first token replaced by BOS; the
+// logits of the second half of each chunk are scored against the next token
+// (positions ctx/2 .. ctx-2, so ctx - 1 - ctx/2 tokens per chunk).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/transformer.h"
+#include "kv/kv_cache.h"
+
+namespace kvserve {
+
+struct PerplexityOptions {
+  int32_t ctx = 512;     // tokens per chunk
+  int32_t chunks = -1;   // chunks to score; -1 = all that fit
+  int32_t batch = 512;   // tokens per forward pass (a chunk may take several)
+};
+
+struct PerplexityResult {
+  double ppl = 0;                 // exp(mean negative log-likelihood)
+  double nll_mean = 0;            // in nats per scored token
+  int64_t tokens_scored = 0;
+  int32_t chunks = 0;
+  double seconds = 0;
+  KvStats kv;                     // cache statistics with one full chunk stored
+  std::vector<double> chunk_ppl;  // running estimate after each chunk, as llama.cpp prints
+};
+
+// progress(chunks_done, chunks_total) after each chunk.
+using ProgressCallback = std::function<void(int32_t, int32_t)>;
+
+// Throws kvserve::Error when ctx is out of range or the text is shorter than
+// one chunk.
+PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<const int32_t> tokens,
+                            int32_t bos_id, const PerplexityOptions& options,
+                            const ProgressCallback& progress = nullptr);
+
+// -log softmax(logits)[target], computed in double. logits: (vocab) floats.
+double negative_log_likelihood(const float* logits, int32_t vocab, int32_t target);
+
+}  // namespace kvserve

@@ -1,0 +1,131 @@
+#include "engine/transformer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/matmul.h"
+#include "kernels/vector_ops.h"
+#include "util/error.h"
+
+namespace kvserve {
+
+const float* Logits::last(size_t e, const std::vector<BatchEntry>& batch) const {
+  int32_t rows = batch[e].all_logits ? int32_t(batch[e].tokens.size()) : 1;
+  return row(first_row[e] + rows - 1);
+}
+
+Transformer::Transformer(const Model& model, ThreadPool& pool)
+    : model_(model), config_(model.config()), pool_(pool), scratch_(size_t(pool.num_threads())) {}
+
+void Transformer::ensure_capacity(int64_t n_tokens, int64_t n_rows) {
+  const ModelConfig& c = config_;
+  if (n_tokens > capacity_) {
+    const size_t t = size_t(n_tokens);
+    const size_t q_dim = size_t(c.n_heads) * size_t(c.head_dim());
+    x_.resize(t * size_t(c.dim));
+    xb_.resize(t * size_t(c.dim));
+    q_.resize(t * q_dim);
+    k_.resize(t * size_t(c.kv_dim()));
+    v_.resize(t * size_t(c.kv_dim()));
+    att_.resize(t * q_dim);
+    hb_.resize(t * size_t(c.hidden_dim));
+    hb2_.resize(t * size_t(c.hidden_dim));
+    capacity_ = n_tokens;
+  }
+  if (size_t(n_rows) * size_t(c.dim) > rows_.size()) rows_.resize(size_t(n_rows) * size_t(c.dim));
+}
+
+void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out) {
+  const ModelConfig& c = config_;
+  const Weights& w = model_.weights();
+  const int dim = c.dim, head_dim = c.head_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  const int q_dim = c.n_heads * head_dim, group = c.gqa_group();
+
+  // Where each stacked token comes from: its entry and absolute position.
+  struct TokenSlot {
+    int32_t entry;
+    int32_t pos;
+  };
+  std::vector<TokenSlot> slots;
+  int64_t n_rows = 0;
+  out.first_row.assign(batch.size(), 0);
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& b = batch[e];
+    const int32_t start = b.table->num_tokens;
+    if (int64_t(start) + int64_t(b.tokens.size()) > c.seq_len)
+      fail("sequence of {} tokens exceeds the model's context length of {}",
+           int64_t(start) + int64_t(b.tokens.size()), c.seq_len);
+    if (b.table->capacity(cache.block_size()) < start + int32_t(b.tokens.size()))
+      fail("internal: KV space for {} tokens was not reserved", b.tokens.size());
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab_size)
+        fail("token id {} is out of range (vocabulary of {})", b.tokens[i], c.vocab_size);
+      slots.push_back({int32_t(e), start + int32_t(i)});
+    }
+    out.first_row[e] = int32_t(n_rows);
+    n_rows += b.tokens.empty() ? 0 : (b.all_logits ? int64_t(b.tokens.size()) : 1);
+  }
+  const int64_t n = int64_t(slots.size());
+  if (n == 0) {
+    out.values.clear();
+    return;
+  }
+  ensure_capacity(n, n_rows);
+
+  for (int64_t t = 0; t < n; ++t) {
+    const BatchEntry& b = batch[size_t(slots[size_t(t)].entry)];
+    dequantize_row(w.token_embedding, b.tokens[size_t(slots[size_t(t)].pos - b.table->num_tokens)],
+                   x_.data() + t * dim);
+  }
+
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const LayerWeights& lw = w.layers[size_t(layer)];
+    for (int64_t t = 0; t < n; ++t) rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, lw.attn_norm, dim, c.norm_eps);
+    matmul(lw.wq, xb_.data(), q_.data(), n, &pool_);
+    matmul(lw.wk, xb_.data(), k_.data(), n, &pool_);
+    matmul(lw.wv, xb_.data(), v_.data(), n, &pool_);
+    for (int64_t t = 0; t < n; ++t) {
+      const TokenSlot& s = slots[size_t(t)];
+      rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.pos, c.rope_theta);
+      rope(k_.data() + t * kv_dim, c.n_kv_heads, head_dim, s.pos, c.rope_theta);
+      cache.write(layer, *batch[size_t(s.entry)].table, s.pos, k_.data() + t * kv_dim, v_.data() + t * kv_dim);
+    }
+    // One unit = one token's query heads that share one KV head.
+    pool_.parallel_for(n * c.n_kv_heads, 1, [&](int64_t begin, int64_t end, int thread) {
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t t = u / c.n_kv_heads;
+        const int h = int(u % c.n_kv_heads);
+        const TokenSlot& s = slots[size_t(t)];
+        const size_t off = size_t(t) * q_dim + size_t(h) * group * head_dim;
+        attend_kv_head(cache, layer, *batch[size_t(s.entry)].table, s.pos + 1, h, group, head_dim,
+                       q_.data() + off, att_.data() + off, scratch_[size_t(thread)]);
+      }
+    });
+    matmul(lw.wo, att_.data(), xb_.data(), n, &pool_);
+    for (int64_t i = 0; i < n * dim; ++i) x_[size_t(i)] += xb_[size_t(i)];
+
+    for (int64_t t = 0; t < n; ++t) rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, lw.ffn_norm, dim, c.norm_eps);
+    matmul(lw.w_gate, xb_.data(), hb_.data(), n, &pool_);
+    matmul(lw.w_up, xb_.data(), hb2_.data(), n, &pool_);
+    for (int64_t t = 0; t < n; ++t) silu_mul(hb_.data() + t * hidden, hb2_.data() + t * hidden, hidden);
+    matmul(lw.w_down, hb_.data(), xb_.data(), n, &pool_);
+    for (int64_t i = 0; i < n * dim; ++i) x_[size_t(i)] += xb_[size_t(i)];
+  }
+
+  // Final norm and classifier only for the tokens whose logits are wanted.
+  int64_t r = 0, t0 = 0;
+  for (const BatchEntry& b : batch) {
+    const int64_t count = int64_t(b.tokens.size());
+    const int64_t first = b.all_logits ? 0 : count - 1;
+    for (int64_t i = std::max<int64_t>(first, 0); i < count; ++i, ++r)
+      rmsnorm(rows_.data() + r * dim, x_.data() + (t0 + i) * dim, w.final_norm, dim, c.norm_eps);
+    t0 += count;
+  }
+  out.vocab = c.vocab_size;
+  out.values.resize(size_t(n_rows) * size_t(c.vocab_size));
+  matmul(w.classifier, rows_.data(), out.values.data(), n_rows, &pool_);
+
+  for (const BatchEntry& b : batch) cache.commit(*b.table, int32_t(b.tokens.size()));
+}
+
+}  // namespace kvserve

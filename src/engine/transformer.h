@@ -1,0 +1,73 @@
+// The Llama forward pass (RMSNorm, RoPE, GQA attention over the paged KV
+// cache, SwiGLU) over a batch of sequences in one pass: the new tokens of all
+// sequences are stacked into one activation matrix, so every weight matrix is
+// read once per step whatever the batch holds — prefill chunks and single
+// decode tokens alike.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "util/aligned_buffer.h"
+#include "util/thread_pool.h"
+
+namespace kvserve {
+
+// One sequence's share of a forward pass.
+struct BatchEntry {
+  BlockTable* table = nullptr;       // the sequence's KV; new tokens go at table->num_tokens
+  std::span<const int32_t> tokens;   // new tokens to run
+  bool all_logits = false;           // logits for every new token, not only the last
+};
+
+// Logits of a forward pass, one row per requested token, entries in batch order.
+struct Logits {
+  std::vector<float> values;         // (rows, vocab)
+  std::vector<int32_t> first_row;    // (entries) first row of each entry
+  int32_t vocab = 0;
+
+  const float* row(int32_t r) const { return values.data() + size_t(r) * size_t(vocab); }
+  // The logits after the last new token of entry e.
+  const float* last(size_t e, const std::vector<BatchEntry>& batch) const;
+};
+
+class Transformer {
+ public:
+  // The model and pool must outlive the transformer.
+  Transformer(const Model& model, ThreadPool& pool);
+
+  // Runs the new tokens of every entry, appending their K/V to the cache and
+  // advancing each table's num_tokens.
+  // REQUIRES: cache.reserve(*entry.table, entry.tokens.size()) succeeded for
+  // every entry; tables are distinct. Throws kvserve::Error when a position
+  // would pass the model's context length or a token id is out of range.
+  void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  void ensure_capacity(int64_t n_tokens, int64_t n_rows);
+
+  const Model& model_;
+  const ModelConfig& config_;
+  ThreadPool& pool_;
+
+  // Activations for up to capacity_ tokens, reused across calls.
+  int64_t capacity_ = 0;
+  AlignedBuffer<float> x_;      // (tokens, dim) residual stream
+  AlignedBuffer<float> xb_;     // (tokens, dim) normed input / attention output projection
+  AlignedBuffer<float> q_;      // (tokens, n_heads * head_dim)
+  AlignedBuffer<float> k_;      // (tokens, kv_dim)
+  AlignedBuffer<float> v_;      // (tokens, kv_dim)
+  AlignedBuffer<float> att_;    // (tokens, n_heads * head_dim)
+  AlignedBuffer<float> hb_;     // (tokens, hidden_dim) gate
+  AlignedBuffer<float> hb2_;    // (tokens, hidden_dim) up
+  AlignedBuffer<float> rows_;   // (rows, dim) final hidden states of the tokens that want logits
+  std::vector<AttentionScratch> scratch_;  // (threads)
+};
+
+}  // namespace kvserve

@@ -1,0 +1,174 @@
+// The optimised kernels keep the operation order of llama2.c's run.c wherever
+// it decides results bit for bit (rmsnorm's final scaling, softmax's division,
+// silu's expression, rope's angles); only reductions are reassociated into
+// SIMD lanes. Exponentials use libm's expf: no approximations.
+#include "kernels/vector_ops.h"
+
+// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
+// "undefined" pass-through operands (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace kvserve {
+
+namespace {
+
+#if defined(__AVX512F__)
+inline __mmask16 tail_mask(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
+}
+#endif
+
+float sum_of_squares(const float* x, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    acc0 = _mm512_fmadd_ps(a, a, acc0);
+    acc1 = _mm512_fmadd_ps(b, b, acc1);
+  }
+  for (; i < n; i += 16) {
+    const __m512 a = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+    acc0 = _mm512_fmadd_ps(a, a, acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+#endif
+}
+
+}  // namespace
+
+void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
+  const float ss = 1.0f / std::sqrt(sum_of_squares(x, n) / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
+}
+
+void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  const double scale = 1.0 / std::sqrt(ss / double(n) + double(eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = float(double(weight[i]) * scale * double(x[i]));
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float max_val = x[0];
+#if defined(__AVX512F__)
+  __m512 vmax = _mm512_set1_ps(x[0]);
+  for (int64_t i = 0; i < n; i += 16) {
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, tail_mask(n - i), x + i));
+  }
+  max_val = _mm512_reduce_max_ps(vmax);
+#else
+  for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);
+#endif
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_val);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void softmax_reference(float* x, int64_t n) {
+  if (n <= 0) return;
+  double max_val = x[0];
+  for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, double(x[i]));
+  std::vector<double> e(static_cast<size_t>(n));
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    e[size_t(i)] = std::exp(double(x[i]) - max_val);
+    sum += e[size_t(i)];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] = float(e[size_t(i)] / sum);
+}
+
+void silu_mul(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = gate[i];
+    v *= 1.0f / (1.0f + std::exp(-v));
+    gate[i] = v * up[i];
+  }
+}
+
+void silu_mul_reference(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    gate[i] = float(g / (1.0 + std::exp(-g)) * double(up[i]));
+  }
+}
+
+void rope(float* x, int n_heads, int head_dim, int pos, float theta) {
+  // The angles depend only on the pair index, so compute them once for all heads;
+  // the expressions are llama2.c's, evaluated in float.
+  const int pairs = head_dim / 2;
+  thread_local std::vector<float> cos_sin;  // (pair, {cos, sin})
+  cos_sin.resize(size_t(2 * pairs));
+  for (int i = 0; i < pairs; ++i) {
+    const float freq = 1.0f / powf(theta, float(2 * i) / float(head_dim));
+    const float val = float(pos) * freq;
+    cos_sin[size_t(2 * i)] = cosf(val);
+    cos_sin[size_t(2 * i + 1)] = sinf(val);
+  }
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + int64_t(h) * head_dim;
+    for (int i = 0; i < pairs; ++i) {
+      const float fcr = cos_sin[size_t(2 * i)], fci = cos_sin[size_t(2 * i + 1)];
+      const float v0 = v[2 * i], v1 = v[2 * i + 1];
+      v[2 * i] = v0 * fcr - v1 * fci;
+      v[2 * i + 1] = v0 * fci + v1 * fcr;
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+#endif
+}
+
+float dot_reference(const float* a, const float* b, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double(a[i]) * double(b[i]);
+  return float(sum);
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+#if defined(__AVX512F__)
+  const __m512 va = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+#endif
+}
+
+}  // namespace kvserve

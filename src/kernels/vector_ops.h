@@ -1,0 +1,33 @@
+// Elementwise and reduction kernels of the transformer, each with a scalar
+// reference (suffix _reference) that tests compare against.
+#pragma once
+
+#include <cstdint>
+
+namespace kvserve {
+
+// out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i], for n values. out may alias x.
+void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps);
+void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t n, float eps);
+
+// In-place softmax over n values.
+void softmax(float* x, int64_t n);
+void softmax_reference(float* x, int64_t n);
+
+// SwiGLU: gate[i] = silu(gate[i]) * up[i], for n values.
+void silu_mul(float* gate, const float* up, int64_t n);
+void silu_mul_reference(float* gate, const float* up, int64_t n);
+
+// Rotary embedding on interleaved pairs (x[2i], x[2i+1]) of each head, as in
+// Llama / llama2.c: angle = pos * theta^(-2i / head_dim).
+// x: (n_heads, head_dim) floats, rotated in place.
+void rope(float* x, int n_heads, int head_dim, int pos, float theta);
+
+// Dot product of n floats.
+float dot(const float* a, const float* b, int64_t n);
+float dot_reference(const float* a, const float* b, int64_t n);
+
+// y[i] += a * x[i] for n floats.
+void axpy(float a, const float* x, float* y, int64_t n);
+
+}  // namespace kvserve

@@ -1,0 +1,61 @@
+#include "kv/block_pool.h"
+
+#include <cassert>
+
+#include "util/error.h"
+
+namespace kvserve {
+
+BlockPool::BlockPool(int32_t num_blocks)
+    : num_blocks_(num_blocks),
+      ref_count_(size_t(num_blocks), 0),
+      prev_free_(size_t(num_blocks), kNone),
+      next_free_(size_t(num_blocks), kNone) {
+  if (num_blocks <= 0) fail("KV block pool needs at least one block (got {})", num_blocks);
+  for (int32_t id = 0; id < num_blocks; ++id) push_free_tail(id);
+}
+
+void BlockPool::push_free_tail(int32_t id) {
+  prev_free_[size_t(id)] = free_tail_;
+  next_free_[size_t(id)] = kNone;
+  if (free_tail_ != kNone) next_free_[size_t(free_tail_)] = id;
+  else free_head_ = id;
+  free_tail_ = id;
+  ++num_free_;
+}
+
+void BlockPool::unlink_free(int32_t id) {
+  int32_t p = prev_free_[size_t(id)], n = next_free_[size_t(id)];
+  if (p != kNone) next_free_[size_t(p)] = n;
+  else free_head_ = n;
+  if (n != kNone) prev_free_[size_t(n)] = p;
+  else free_tail_ = p;
+  prev_free_[size_t(id)] = next_free_[size_t(id)] = kNone;
+  --num_free_;
+}
+
+std::optional<int32_t> BlockPool::allocate() {
+  if (free_head_ == kNone) return std::nullopt;
+  int32_t id = free_head_;
+  unlink_free(id);
+  ref_count_[size_t(id)] = 1;
+  return id;
+}
+
+bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
+  if (n > num_free_) return false;
+  for (int32_t i = 0; i < n; ++i) out.push_back(*allocate());
+  return true;
+}
+
+void BlockPool::retain(int32_t id) {
+  assert(ref_count_[size_t(id)] > 0);
+  ++ref_count_[size_t(id)];
+}
+
+void BlockPool::release(int32_t id) {
+  assert(ref_count_[size_t(id)] > 0);
+  if (--ref_count_[size_t(id)] == 0) push_free_tail(id);
+}
+
+}  // namespace kvserve

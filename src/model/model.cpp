@@ -1,0 +1,174 @@
+#include "model/model.h"
+
+#include <climits>
+#include <cstring>
+
+#include "model/gguf_reader.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+constexpr uint32_t kGgufMagic = 0x46554747;        // "GGUF"
+constexpr uint32_t kLlama2cVersionMagic = 0x616b3432;  // "ak42": llama2.c's versioned export
+
+WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
+  return WeightMatrix{WeightType::F32, data, rows, cols};
+}
+
+}  // namespace
+
+Model::Model() = default;
+Model::~Model() = default;
+
+size_t Weights::bytes() const {
+  size_t total = token_embedding.bytes();
+  if (classifier.data != token_embedding.data) total += classifier.bytes();
+  for (const auto& l : layers) {
+    total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes();
+    total += l.w_gate.bytes() + l.w_down.bytes() + l.w_up.bytes();
+    total += 2 * size_t(token_embedding.cols) * sizeof(float);
+  }
+  return total + size_t(token_embedding.cols) * sizeof(float);
+}
+
+const Tokenizer& Model::require_tokenizer() const {
+  if (!tokenizer_) fail("{}: this checkpoint has no vocabulary; pass --tokenizer PATH", path_);
+  return *tokenizer_;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
+  auto model = std::make_unique<Model>();
+  model->path_ = path;
+  uint32_t magic = 0;
+  {
+    MappedFile probe(path);
+    if (probe.size() < 4) fail("{}: file is too small to be a checkpoint ({} bytes)", path, probe.size());
+    std::memcpy(&magic, probe.data(), 4);
+  }
+  if (magic == kGgufMagic) {
+    model->load_gguf(path);
+  } else {
+    model->load_llama2c(path);
+  }
+  if (!tokenizer_path.empty()) {
+    // A GGUF file can serve as a tokenizer too (a vocab-only GGUF, say).
+    uint32_t tok_magic = 0;
+    {
+      MappedFile probe(tokenizer_path);
+      if (probe.size() >= 4) std::memcpy(&tok_magic, probe.data(), 4);
+    }
+    Vocab vocab = tok_magic == kGgufMagic ? load_gguf_vocab(GgufFile(tokenizer_path))
+                                          : load_llama2c_vocab(tokenizer_path, model->config_.vocab_size);
+    model->tokenizer_.emplace(std::move(vocab));
+  }
+  if (model->tokenizer_ && model->tokenizer_->vocab_size() != model->config_.vocab_size)
+    fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", path,
+         model->tokenizer_->vocab_size(), model->config_.vocab_size);
+  return model;
+}
+
+void Model::load_gguf(const std::string& path) {
+  format_ = CheckpointFormat::Gguf;
+  gguf_ = std::make_unique<GgufFile>(path);
+  const GgufFile& f = *gguf_;
+  std::string arch = f.get_string_or("general.architecture", "");
+  if (arch.empty()) fail("{}: missing general.architecture", path);
+  if (f.tensors().empty()) fail("{}: no tensors (a vocabulary-only GGUF cannot run; use it as --tokenizer)", path);
+  if (arch != "llama") fail("{}: architecture '{}' is not supported (kvserve runs 'llama')", path, arch);
+
+  ModelConfig& c = config_;
+  c.architecture = arch;
+  c.dim = int32_t(f.get_int("llama.embedding_length"));
+  c.hidden_dim = int32_t(f.get_int("llama.feed_forward_length"));
+  c.n_layers = int32_t(f.get_int("llama.block_count"));
+  c.n_heads = int32_t(f.get_int("llama.attention.head_count"));
+  c.n_kv_heads = int32_t(f.get_int_or("llama.attention.head_count_kv", c.n_heads));
+  c.seq_len = int32_t(f.get_int("llama.context_length"));
+  c.rope_theta = float(f.get_float_or("llama.rope.freq_base", 10000.0));
+  c.norm_eps = float(f.get_float_or("llama.attention.layer_norm_rms_epsilon", 1e-5));
+  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (emb == nullptr || emb->dims.size() != 2) fail("{}: missing or malformed token_embd.weight", path);
+  c.vocab_size = int32_t(f.get_int_or("llama.vocab_size", emb->dims[1]));
+  c.validate(path);
+  int64_t rope_dims = f.get_int_or("llama.rope.dimension_count", c.head_dim());
+  if (rope_dims != c.head_dim())
+    fail("{}: partial rotary embedding ({} of {} dims) is not supported", path, rope_dims, c.head_dim());
+
+  const int64_t q_dim = int64_t(c.n_heads) * c.head_dim();
+  weights_.token_embedding = f.matrix("token_embd.weight", c.vocab_size, c.dim);
+  weights_.final_norm = f.vector_f32("output_norm.weight", c.dim);
+  weights_.classifier = f.find_tensor("output.weight") ? f.matrix("output.weight", c.vocab_size, c.dim)
+                                                       : weights_.token_embedding;
+  weights_.layers.resize(size_t(c.n_layers));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    auto name = [&](const char* what) { return fmt::format("blk.{}.{}.weight", l, what); };
+    LayerWeights& w = weights_.layers[size_t(l)];
+    w.attn_norm = f.vector_f32(name("attn_norm"), c.dim);
+    w.wq = f.matrix(name("attn_q"), q_dim, c.dim);
+    w.wk = f.matrix(name("attn_k"), c.kv_dim(), c.dim);
+    w.wv = f.matrix(name("attn_v"), c.kv_dim(), c.dim);
+    w.wo = f.matrix(name("attn_output"), c.dim, q_dim);
+    w.ffn_norm = f.vector_f32(name("ffn_norm"), c.dim);
+    w.w_gate = f.matrix(name("ffn_gate"), c.hidden_dim, c.dim);
+    w.w_down = f.matrix(name("ffn_down"), c.dim, c.hidden_dim);
+    w.w_up = f.matrix(name("ffn_up"), c.hidden_dim, c.dim);
+  }
+  if (f.has("tokenizer.ggml.model")) tokenizer_.emplace(load_gguf_vocab(f));
+}
+
+void Model::load_llama2c(const std::string& path) {
+  format_ = CheckpointFormat::Llama2c;
+  raw_file_ = std::make_unique<MappedFile>(path);
+  const uint8_t* base = raw_file_->data();
+  const size_t size = raw_file_->size();
+  constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
+  if (size < kHeaderBytes) fail("{}: too small for a llama2.c header ({} bytes)", path, size);
+  int32_t h[7];
+  std::memcpy(h, base, sizeof h);
+  if (uint32_t(h[0]) == kLlama2cVersionMagic)
+    fail("{}: llama2.c versioned export (magic 'ak42') is not supported; export with the legacy format", path);
+
+  ModelConfig& c = config_;
+  c.architecture = "llama";
+  c.dim = h[0];
+  c.hidden_dim = h[1];
+  c.n_layers = h[2];
+  c.n_heads = h[3];
+  c.n_kv_heads = h[4];
+  // A negative vocabulary size marks a separate (unshared) classifier.
+  const bool shared_classifier = h[5] > 0;
+  c.vocab_size = h[5] == INT32_MIN ? 0 : (h[5] > 0 ? h[5] : -h[5]);
+  c.seq_len = h[6];
+  c.validate(path + " (llama2.c header; is this a checkpoint?)");
+
+  const int64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers, kv_dim = c.kv_dim();
+  const int64_t head = c.head_dim(), vocab = c.vocab_size, seq = c.seq_len;
+  // Float counts of each section, in file order.
+  const int64_t per_layer = dim + dim * dim + 2 * dim * kv_dim + dim * dim + dim + 3 * dim * hidden;
+  const int64_t expected = vocab * dim + layers * per_layer + dim + seq * head +
+                           (shared_classifier ? 0 : vocab * dim);
+  const int64_t have = int64_t((size - kHeaderBytes) / sizeof(float));
+  if (have < expected)
+    fail("{}: truncated llama2.c checkpoint: header implies {} floats, file holds {}", path, expected, have);
+
+  const float* p = reinterpret_cast<const float*>(base + kHeaderBytes);
+  auto take = [&](int64_t count) { const float* at = p; p += count; return at; };
+  weights_.token_embedding = f32_matrix(take(vocab * dim), vocab, dim);
+  weights_.layers.resize(size_t(layers));
+  // llama2.c groups each tensor kind across all layers.
+  for (auto& w : weights_.layers) w.attn_norm = take(dim);
+  for (auto& w : weights_.layers) w.wq = f32_matrix(take(dim * dim), dim, dim);
+  for (auto& w : weights_.layers) w.wk = f32_matrix(take(kv_dim * dim), kv_dim, dim);
+  for (auto& w : weights_.layers) w.wv = f32_matrix(take(kv_dim * dim), kv_dim, dim);
+  for (auto& w : weights_.layers) w.wo = f32_matrix(take(dim * dim), dim, dim);
+  for (auto& w : weights_.layers) w.ffn_norm = take(dim);
+  for (auto& w : weights_.layers) w.w_gate = f32_matrix(take(hidden * dim), hidden, dim);
+  for (auto& w : weights_.layers) w.w_down = f32_matrix(take(dim * hidden), dim, hidden);
+  for (auto& w : weights_.layers) w.w_up = f32_matrix(take(hidden * dim), hidden, dim);
+  weights_.final_norm = take(dim);
+  take(seq * head);  // freq_cis_real and freq_cis_imag (seq, head/2) each: recomputed instead
+  weights_.classifier = shared_classifier ? weights_.token_embedding : f32_matrix(take(vocab * dim), vocab, dim);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,75 @@
+// A loaded checkpoint: its shape, its weights (views into the mmap'd file or
+// into owned buffers) and, when the file carries one, its vocabulary.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/weight_matrix.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "util/mapped_file.h"
+
+namespace kvserve {
+
+class GgufFile;
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // (dim)
+  WeightMatrix wq;                   // (n_heads * head_dim, dim)
+  WeightMatrix wk;                   // (kv_dim, dim)
+  WeightMatrix wv;                   // (kv_dim, dim)
+  WeightMatrix wo;                   // (dim, n_heads * head_dim)
+  const float* ffn_norm = nullptr;   // (dim)
+  WeightMatrix w_gate;               // (hidden_dim, dim)   "w1"
+  WeightMatrix w_down;               // (dim, hidden_dim)   "w2"
+  WeightMatrix w_up;                 // (hidden_dim, dim)   "w3"
+};
+
+struct Weights {
+  WeightMatrix token_embedding;      // (vocab, dim)
+  std::vector<LayerWeights> layers;  // (n_layers)
+  const float* final_norm = nullptr; // (dim)
+  WeightMatrix classifier;           // (vocab, dim); may alias token_embedding
+
+  size_t bytes() const;              // all matrices and norms, in bytes
+};
+
+enum class CheckpointFormat { Gguf, Llama2c };
+
+class Model {
+ public:
+  // Loads a GGUF (by magic) or llama2.c .bin checkpoint. A llama2.c checkpoint
+  // has no vocabulary inside: pass its tokenizer .bin as tokenizer_path. For a
+  // GGUF, a non-empty tokenizer_path overrides the embedded vocabulary.
+  // Throws kvserve::Error on malformed files.
+  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+
+  const ModelConfig& config() const { return config_; }
+  const Weights& weights() const { return weights_; }
+  CheckpointFormat format() const { return format_; }
+  // Null when the checkpoint has no vocabulary and none was given.
+  const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
+  // REQUIRES: tokenizer() != nullptr; throws kvserve::Error otherwise.
+  const Tokenizer& require_tokenizer() const;
+  const std::string& path() const { return path_; }
+
+  Model();
+  ~Model();
+
+ private:
+  void load_gguf(const std::string& path);
+  void load_llama2c(const std::string& path);
+
+  std::string path_;
+  CheckpointFormat format_ = CheckpointFormat::Gguf;
+  ModelConfig config_;
+  Weights weights_;
+  std::optional<Tokenizer> tokenizer_;
+  std::unique_ptr<GgufFile> gguf_;        // keeps GGUF tensors mapped
+  std::unique_ptr<MappedFile> raw_file_;  // keeps llama2.c tensors mapped
+};
+
+}  // namespace kvserve

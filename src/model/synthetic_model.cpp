@@ -1,0 +1,115 @@
+#include "model/synthetic_model.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/weight_quantize.h"
+#include "model/gguf_writer.h"
+#include "model/model_config.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+GgmlType ggml_type_of(WeightType t) {
+  switch (t) {
+    case WeightType::F32: return GgmlType::F32;
+    case WeightType::F16: return GgmlType::F16;
+    case WeightType::Q8_0: return GgmlType::Q8_0;
+    case WeightType::Q4_0: return GgmlType::Q4_0;
+  }
+  return GgmlType::F32;
+}
+
+// A (rows, cols) matrix of uniform values in +-sqrt(3/cols) (unit variance
+// activations stay unit variance), encoded row by row.
+std::vector<uint8_t> random_matrix(std::mt19937& rng, WeightType t, int64_t rows, int64_t cols) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float scale = std::sqrt(3.0f / float(cols));
+  std::vector<uint8_t> out;
+  out.reserve(weight_row_bytes(t, cols) * size_t(rows));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto& v : row) v = u(rng) * scale;
+    quantize_row(t, row.data(), cols, out);
+  }
+  return out;
+}
+
+std::vector<uint8_t> ones(int64_t n) {
+  std::vector<uint8_t> out;
+  quantize_row(WeightType::F32, std::vector<float>(size_t(n), 1.0f).data(), n, out);
+  return out;
+}
+
+}  // namespace
+
+void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& o) {
+  ModelConfig c;
+  c.dim = o.dim;
+  c.hidden_dim = o.hidden_dim;
+  c.n_layers = o.n_layers;
+  c.n_heads = o.n_heads;
+  c.n_kv_heads = o.n_kv_heads;
+  c.vocab_size = o.vocab_size;
+  c.seq_len = o.seq_len;
+  c.validate("synth");
+  if (o.weights == WeightType::Q8_0 || o.weights == WeightType::Q4_0) {
+    if (c.dim % kQuantBlock != 0 || c.hidden_dim % kQuantBlock != 0)
+      fail("synth: --dim and --ffn must be multiples of 32 for {} weights", weight_type_name(o.weights));
+  }
+  if (c.vocab_size < 4) fail("synth: --vocab must be at least 4");
+
+  GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name", "kvserve-synthetic");
+  w.set_u32("llama.context_length", uint32_t(c.seq_len));
+  w.set_u32("llama.embedding_length", uint32_t(c.dim));
+  w.set_u32("llama.feed_forward_length", uint32_t(c.hidden_dim));
+  w.set_u32("llama.block_count", uint32_t(c.n_layers));
+  w.set_u32("llama.attention.head_count", uint32_t(c.n_heads));
+  w.set_u32("llama.attention.head_count_kv", uint32_t(c.n_kv_heads));
+  w.set_u32("llama.rope.dimension_count", uint32_t(c.head_dim()));
+  w.set_f32("llama.rope.freq_base", 10000.0f);
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+
+  // Placeholder vocabulary: the special tokens, then pieces "▁t<i>".
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<float> scores = {0, 0, 0};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int32_t i = 3; i < c.vocab_size; ++i) {
+    tokens.push_back("\xE2\x96\x81t" + std::to_string(i));
+    scores.push_back(-float(i));
+    types.push_back(1);
+  }
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_strings("tokenizer.ggml.tokens", tokens);
+  w.set_f32s("tokenizer.ggml.scores", scores);
+  w.set_i32s("tokenizer.ggml.token_type", types);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+
+  std::mt19937 rng(uint32_t(o.seed));
+  const GgmlType gt = ggml_type_of(o.weights);
+  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim(), kv = c.kv_dim(), hid = c.hidden_dim;
+  w.add_tensor("token_embd.weight", {dim, c.vocab_size}, gt, random_matrix(rng, o.weights, c.vocab_size, dim));
+  w.add_tensor("output_norm.weight", {dim}, GgmlType::F32, ones(dim));
+  w.add_tensor("output.weight", {dim, c.vocab_size}, gt, random_matrix(rng, o.weights, c.vocab_size, dim));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    auto name = [&](const char* what) { return "blk." + std::to_string(l) + "." + what + ".weight"; };
+    w.add_tensor(name("attn_norm"), {dim}, GgmlType::F32, ones(dim));
+    w.add_tensor(name("attn_q"), {dim, q_dim}, gt, random_matrix(rng, o.weights, q_dim, dim));
+    w.add_tensor(name("attn_k"), {dim, kv}, gt, random_matrix(rng, o.weights, kv, dim));
+    w.add_tensor(name("attn_v"), {dim, kv}, gt, random_matrix(rng, o.weights, kv, dim));
+    w.add_tensor(name("attn_output"), {q_dim, dim}, gt, random_matrix(rng, o.weights, dim, q_dim));
+    w.add_tensor(name("ffn_norm"), {dim}, GgmlType::F32, ones(dim));
+    w.add_tensor(name("ffn_gate"), {dim, hid}, gt, random_matrix(rng, o.weights, hid, dim));
+    w.add_tensor(name("ffn_down"), {hid, dim}, gt, random_matrix(rng, o.weights, dim, hid));
+    w.add_tensor(name("ffn_up"), {dim, hid}, gt, random_matrix(rng, o.weights, hid, dim));
+  }
+  w.write(path);
+}
+
+}  // namespace kvserve

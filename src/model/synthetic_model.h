@@ -1,0 +1,29 @@
+// Random-weight Llama checkpoints of a realistic shape, for speed and memory
+// work only (never for quality claims).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/weight_matrix.h"
+
+namespace kvserve {
+
+struct SyntheticModelOptions {
+  int32_t dim = 1536;
+  int32_t hidden_dim = 4096;
+  int32_t n_layers = 12;
+  int32_t n_heads = 24;
+  int32_t n_kv_heads = 8;
+  int32_t vocab_size = 32000;
+  int32_t seq_len = 16384;             // context length written to the file
+  WeightType weights = WeightType::Q8_0;
+  uint64_t seed = 1;
+};
+
+// Writes a GGUF `llama` checkpoint with uniform random weights scaled by
+// 1/sqrt(fan_in), unit norm weights, and a placeholder vocabulary
+// (so tokenize/generate work end to end). Throws kvserve::Error on bad shapes.
+void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& options);
+
+}  // namespace kvserve

@@ -1,0 +1,82 @@
+// Tokenizers: SentencePiece-style BPE (llama2.c tokenizer .bin and GGUF
+// `llama` vocabularies) and GPT-2 byte-level BPE (GGUF `gpt2` vocabularies).
+//
+// Both reproduce llama.cpp's tokenizers exactly (see tests/tokenizer_test.cpp,
+// which runs every vector in ../shared/vocab/).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvserve {
+
+class GgufFile;
+
+enum class TokenizerKind { SentencePiece, Gpt2Bpe };
+
+// GGUF token types (tokenizer.ggml.token_type).
+enum class TokenType : uint8_t {
+  Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
+};
+
+// Everything a tokenizer needs, independent of the file it came from.
+struct Vocab {
+  TokenizerKind kind = TokenizerKind::SentencePiece;
+  // Pieces as GGUF stores them: SentencePiece pieces use U+2581 ("▁") for a
+  // space; GPT-2 pieces use the byte-to-unicode mapping ("Ġ" for a space).
+  std::vector<std::string> tokens;
+  std::vector<float> scores;          // SentencePiece merge priority, one per token
+  std::vector<TokenType> types;       // one per token
+  std::vector<std::string> merges;    // GPT-2: "left right", highest priority first
+  int32_t bos_id = 1;
+  int32_t eos_id = 2;
+  int32_t unk_id = 0;
+  bool add_bos = true;                // whether encode(text) prepends BOS by default
+  bool add_space_prefix = true;       // SentencePiece: prepend "▁" to the text
+};
+
+// Reads a llama2.c tokenizer .bin (max_token_length, then per token: float
+// score, int32 length, bytes) holding vocab_size tokens. Pieces are normalised
+// to the GGUF form (space -> "▁", byte tokens typed Byte).
+// Throws kvserve::Error on a truncated or malformed file.
+Vocab load_llama2c_vocab(const std::string& path, int32_t vocab_size);
+
+// Reads tokenizer.ggml.* metadata (model "llama" or "gpt2").
+Vocab load_gguf_vocab(const GgufFile& file);
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(Vocab vocab);
+
+  // Token ids of text; BOS first when add_bos. Special-token syntax in the text
+  // is treated as plain text.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+
+  // The bytes token `token` stands for when it follows `prev`; as llama2.c and
+  // SentencePiece do, a leading space is dropped right after BOS. Byte tokens
+  // ("<0x0A>") decode to their byte; control tokens decode to "".
+  std::string decode_piece(int32_t prev, int32_t token) const;
+
+  // The text of a whole token sequence (leading BOS allowed).
+  std::string decode(std::span<const int32_t> tokens) const;
+
+  int32_t vocab_size() const { return int32_t(vocab_.tokens.size()); }
+  int32_t bos_id() const { return vocab_.bos_id; }
+  int32_t eos_id() const { return vocab_.eos_id; }
+  bool add_bos_default() const { return vocab_.add_bos; }
+  const Vocab& vocab() const { return vocab_; }
+
+ private:
+  std::vector<int32_t> encode_spm(std::string_view text) const;
+  std::vector<int32_t> encode_gpt2(std::string_view text) const;
+
+  Vocab vocab_;
+  std::unordered_map<std::string, int32_t> token_to_id_;
+  std::unordered_map<std::string, int32_t> merge_rank_;  // GPT-2: "left right" -> rank
+};
+
+}  // namespace kvserve

@@ -1,0 +1,15 @@
+// Measures the machine's sustainable memory read bandwidth, the ceiling of a
+// memory-bound decode step, so benchmarks can report the fraction they reach.
+#pragma once
+
+#include <cstddef>
+
+namespace kvserve {
+
+class ThreadPool;
+
+// Reads a buffer of `bytes` (well beyond the last-level cache) `repeats`
+// times with all of the pool's threads; returns the best rate in GB/s (1e9).
+double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes = size_t(1) << 30, int repeats = 5);
+
+}  // namespace kvserve

@@ -1,0 +1,59 @@
+// A fixed pool of worker threads for data-parallel kernels.
+//
+// parallel_for splits [0, n) into one contiguous range per thread; the calling
+// thread runs range 0 itself. Decode issues ~100 parallel_for calls per token,
+// so workers spin briefly on a generation counter before sleeping: waking a
+// sleeping thread costs tens of microseconds, spinning costs nothing while a
+// step is in flight.
+//
+// Thread safety: one caller at a time (the owner of the model). Not reentrant.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvserve {
+
+class ThreadPool {
+ public:
+  // num_threads counts the caller: 1 means no worker threads at all.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end, thread_index) on disjoint ranges covering [0, n),
+  // each range a multiple of `grain` except the last. Returns when all are done.
+  void parallel_for(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t, int)>& fn);
+
+ private:
+  void worker_loop(int thread_index);
+  void run_range(int thread_index);
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+
+  // The current job; written by the caller before bumping generation_.
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int64_t job_grain_ = 1;
+
+  std::atomic<uint64_t> generation_{0};  // bumped once per job
+  std::atomic<int> pending_{0};          // workers still running the job
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;                     // guards sleeping on wake_
+  std::condition_variable wake_;
+};
+
+// The default pool size: the machine's hardware threads.
+int default_thread_count();
+
+}  // namespace kvserve

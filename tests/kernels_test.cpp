@@ -1,0 +1,436 @@
+// Kernels against their scalar references, with explicit error bounds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/quantize_q8.h"
+#include "kernels/vector_ops.h"
+#include "kernels/weight_matrix.h"
+#include "util/half.h"
+#include "util/thread_pool.h"
+
+namespace kvserve {
+namespace {
+
+// ---- Weight formats ----
+
+void put_fp16(std::vector<uint8_t>& bytes, size_t at, float v) {
+  const fp16_t h = fp32_to_fp16(v);
+  std::memcpy(bytes.data() + at, &h, 2);
+}
+
+TEST(WeightMatrix, NamesAndRowBytes) {
+  EXPECT_EQ(weight_type_name(WeightType::F32), "F32");
+  EXPECT_EQ(weight_type_name(WeightType::F16), "F16");
+  EXPECT_EQ(weight_type_name(WeightType::Q8_0), "Q8_0");
+  EXPECT_EQ(weight_type_name(WeightType::Q4_0), "Q4_0");
+  EXPECT_EQ(weight_row_bytes(WeightType::F32, 96), 384u);
+  EXPECT_EQ(weight_row_bytes(WeightType::F16, 96), 192u);
+  EXPECT_EQ(weight_row_bytes(WeightType::Q8_0, 96), 102u);
+  EXPECT_EQ(weight_row_bytes(WeightType::Q4_0, 96), 54u);
+  WeightMatrix w{WeightType::Q8_0, nullptr, 10, 64};
+  EXPECT_EQ(w.row_bytes(), 68u);
+  EXPECT_EQ(w.bytes(), 680u);
+}
+
+TEST(WeightMatrix, DequantizeF32AndF16) {
+  const float f32[3] = {1.5f, -2.25f, 0.0f};
+  WeightMatrix w32{WeightType::F32, f32, 1, 3};
+  float out[3];
+  dequantize_row(w32, 0, out);
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[1], -2.25f);
+  EXPECT_EQ(out[2], 0.0f);
+
+  const fp16_t f16[2][3] = {{0x3C00, 0xC000, 0x3800}, {0x0000, 0x4200, 0xBC00}};  // 1,-2,.5 / 0,3,-1
+  WeightMatrix w16{WeightType::F16, f16, 2, 3};
+  dequantize_row(w16, 1, out);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 3.0f);
+  EXPECT_EQ(out[2], -1.0f);
+}
+
+TEST(WeightMatrix, DequantizeQ8_0) {
+  // Two rows of two blocks; row 1 block 1 has d = 0.5 and q[j] = j - 16.
+  std::vector<uint8_t> bytes(2 * 2 * 34, 0);
+  const size_t block = (1 * 2 + 1) * 34;
+  put_fp16(bytes, block, 0.5f);
+  for (int j = 0; j < 32; ++j) bytes[block + 2 + size_t(j)] = uint8_t(int8_t(j - 16));
+  put_fp16(bytes, 2 * 34, 4.0f);  // row 1 block 0: d = 4, q = 0
+  bytes[2 * 34 + 2 + 31] = uint8_t(int8_t(-128));
+  WeightMatrix w{WeightType::Q8_0, bytes.data(), 2, 64};
+  std::vector<float> out(64);
+  dequantize_row(w, 1, out.data());
+  for (int j = 0; j < 31; ++j) EXPECT_EQ(out[size_t(j)], 0.0f);
+  EXPECT_EQ(out[31], -512.0f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(out[size_t(32 + j)], 0.5f * float(j - 16)) << j;
+}
+
+TEST(WeightMatrix, DequantizeQ4_0) {
+  // Element j < 16 is the low nibble of qs[j], element j + 16 the high nibble.
+  std::vector<uint8_t> bytes(2 * 18, 0);
+  put_fp16(bytes, 18, 2.0f);
+  for (int j = 0; j < 16; ++j) bytes[18 + 2 + size_t(j)] = uint8_t(j | (15 - j) << 4);
+  WeightMatrix w{WeightType::Q4_0, bytes.data(), 2, 32};
+  std::vector<float> out(32);
+  dequantize_row(w, 1, out.data());
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[size_t(j)], 2.0f * float(j - 8)) << j;
+    EXPECT_EQ(out[size_t(j + 16)], 2.0f * float(7 - j)) << j;
+  }
+}
+
+// ---- Activation quantization ----
+
+TEST(QuantizeQ8, ErrorAtMostHalfAStepAndPaddingZero) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const int64_t n = 3, cols = 96;  // 3 blocks, padded to 4
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = dist(rng);
+  for (int64_t i = 0; i < 32; ++i) x[size_t(i)] = 0.0f;  // an all-zero block: d = 0
+  QuantizedRows q;
+  quantize_rows_q8(x.data(), n, cols, nullptr, q);
+  ASSERT_EQ(q.blocks, 3);
+  ASSERT_EQ(q.padded_blocks, 4);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t b = 0; b < 3; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(t * cols + b * 32 + j)]));
+      EXPECT_FLOAT_EQ(q.row_d(t)[b], amax / 127.0f);
+      for (int j = 0; j < 32; ++j) {
+        const float orig = x[size_t(t * cols + b * 32 + j)];
+        const float back = q.row_d(t)[b] * float(q.row_qs(t)[b * 32 + j]);
+        EXPECT_LE(std::fabs(orig - back), amax / 254.0f * 1.0001f);
+      }
+    }
+    EXPECT_EQ(q.row_d(t)[3], 0.0f);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q.row_qs(t)[3 * 32 + j], 0);
+  }
+}
+
+// ---- Matmul ----
+
+struct TestMatrix {
+  WeightType type;
+  int64_t rows, cols;
+  std::vector<uint8_t> bytes;
+  WeightMatrix view() const { return {type, bytes.data(), rows, cols}; }
+};
+
+TestMatrix random_matrix(WeightType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  TestMatrix m{type, rows, cols, std::vector<uint8_t>(weight_row_bytes(type, cols) * size_t(rows))};
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const size_t values = size_t(rows * cols);
+  switch (type) {
+    case WeightType::F32: {
+      std::vector<float> v(values);
+      for (auto& f : v) f = val(rng);
+      std::memcpy(m.bytes.data(), v.data(), m.bytes.size());
+      break;
+    }
+    case WeightType::F16:
+      for (size_t i = 0; i < values; ++i) put_fp16(m.bytes, 2 * i, val(rng));
+      break;
+    case WeightType::Q8_0:
+    case WeightType::Q4_0: {
+      const size_t block_bytes = type == WeightType::Q8_0 ? 34 : 18;
+      for (size_t b = 0; b < values / 32; ++b) {
+        put_fp16(m.bytes, b * block_bytes, scale(rng));
+        for (size_t j = 2; j < block_bytes; ++j) {
+          int q = byte(rng);
+          // -128 is legal in the format but never written by quantizers; keep some anyway.
+          m.bytes[b * block_bytes + j] = uint8_t(q);
+        }
+      }
+      break;
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_activations(int64_t n, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = dist(rng);
+  // An outlier per row, as real activations have: stresses per-block scaling.
+  for (int64_t t = 0; t < n; ++t) x[size_t(t * cols + (t * 7) % cols)] = 20.0f;
+  return x;
+}
+
+// Allowed |matmul - reference| for output (t, r).
+// Float math: the kernels sum in fp32 with at most cols/16 + 16 dependent adds,
+// so the rounding error is far below `rel` * sum |w||x| for these sizes.
+// Quantized weights add the activation quantization error, which is exactly
+// bounded: |x - d q| <= max|x_block| / 254 per value, so
+//   |sum w (x - x~)| <= sum_blocks max|x_block| / 254 * sum_block |w|.
+std::vector<double> error_bounds(const WeightMatrix& w, const std::vector<float>& x, int64_t n,
+                                 double rel) {
+  const bool quantized = w.type == WeightType::Q8_0 || w.type == WeightType::Q4_0;
+  std::vector<double> bound(static_cast<size_t>(n * w.rows));
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dequantize_row(w, r, row.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x.data() + t * w.cols;
+      double abs_sum = 0.0, quant = 0.0;
+      for (int64_t b = 0; b * 32 < w.cols; ++b) {
+        double amax = 0.0, wsum = 0.0;
+        for (int64_t k = b * 32; k < std::min<int64_t>(w.cols, b * 32 + 32); ++k) {
+          abs_sum += std::fabs(double(row[size_t(k)]) * double(xt[k]));
+          amax = std::max(amax, std::fabs(double(xt[k])));
+          wsum += std::fabs(double(row[size_t(k)]));
+        }
+        quant += amax / 254.0 * wsum;
+      }
+      bound[size_t(t * w.rows + r)] = rel * abs_sum + (quantized ? quant * 1.001 : 0.0) + 1e-30;
+    }
+  }
+  return bound;
+}
+
+double relative_tolerance(WeightType t) {
+  switch (t) {
+    case WeightType::F32: return 1e-5;
+    case WeightType::F16: return 1e-4;
+    default: return 1e-5;  // on top of the quantization bound
+  }
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+void check_matmul(WeightType type, Shape s, int64_t n, int threads) {
+  std::mt19937 rng(uint32_t(s.rows * 1000 + s.cols * 10 + n));
+  const TestMatrix m = random_matrix(type, s.rows, s.cols, rng);
+  const WeightMatrix w = m.view();
+  const std::vector<float> x = random_activations(n, s.cols, rng);
+  std::vector<float> want(static_cast<size_t>(n * s.rows)), got(size_t(n * s.rows), NAN);
+  matmul_reference(w, x.data(), want.data(), n);
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+  matmul(w, x.data(), got.data(), n, pool.get());
+  const std::vector<double> bound = error_bounds(w, x, n, relative_tolerance(type));
+  int failures = 0;
+  for (size_t i = 0; i < got.size() && failures < 5; ++i) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    if (!(err <= bound[i])) {
+      ++failures;
+      ADD_FAILURE() << weight_type_name(type) << " rows=" << s.rows << " cols=" << s.cols
+                    << " n=" << n << " threads=" << threads << " token=" << i / size_t(s.rows)
+                    << " row=" << i % size_t(s.rows) << ": got " << got[i] << " want " << want[i]
+                    << " bound " << bound[i];
+    }
+  }
+}
+
+class MatmulTest : public ::testing::TestWithParam<WeightType> {};
+
+TEST_P(MatmulTest, MatchesReferenceWithinBound) {
+  const WeightType type = GetParam();
+  const bool quantized = type == WeightType::Q8_0 || type == WeightType::Q4_0;
+  // Rows off the 4-row tile and the 32-row thread grain; odd and even block counts.
+  std::vector<Shape> shapes = {{1, 32}, {3, 64}, {5, 96}, {37, 160}, {130, 256}, {67, 544}};
+  if (!quantized) {
+    shapes.push_back({9, 1});
+    shapes.push_back({6, 17});
+    shapes.push_back({70, 95});
+  }
+  for (Shape s : shapes)
+    for (int64_t n : {1, 3, 7, 64, 70})
+      for (int threads : {1, 2, 3}) check_matmul(type, s, n, threads);
+}
+
+TEST_P(MatmulTest, ThreadedResultIsIdenticalToSingleThreaded) {
+  // Each output is computed by one thread with the same code, so the split must
+  // not change a single bit.
+  std::mt19937 rng(11);
+  const TestMatrix m = random_matrix(GetParam(), 203, 320, rng);
+  const std::vector<float> x = random_activations(9, 320, rng);
+  std::vector<float> y1(9 * 203), y3(9 * 203);
+  matmul(m.view(), x.data(), y1.data(), 9, nullptr);
+  ThreadPool pool(3);
+  matmul(m.view(), x.data(), y3.data(), 9, &pool);
+  EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
+                         ::testing::Values(WeightType::F32, WeightType::F16, WeightType::Q8_0,
+                                           WeightType::Q4_0),
+                         [](const auto& info) { return std::string(weight_type_name(info.param)); });
+
+// When every activation block has max |x| = 127 and integer values, the Q8
+// activation quantization is exact (d = 1), so quantized matmul must agree with
+// the reference to float rounding: this pins the block layout exactly.
+TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
+  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0}) {
+    std::mt19937 rng(5);
+    const int64_t rows = 13, cols = 160, n = 6;
+    const TestMatrix m = random_matrix(type, rows, cols, rng);
+    std::uniform_int_distribution<int> q(-127, 127);
+    std::vector<float> x(static_cast<size_t>(n * cols));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = i % 32 == 5 ? (i % 64 == 5 ? 127.0f : -127.0f) : float(q(rng));
+    std::vector<float> want(static_cast<size_t>(n * rows)), got(static_cast<size_t>(n * rows));
+    matmul_reference(m.view(), x.data(), want.data(), n);
+    matmul(m.view(), x.data(), got.data(), n, nullptr);
+    const std::vector<double> bound = error_bounds(m.view(), x, n, 1e-6);
+    for (size_t i = 0; i < got.size(); ++i) {
+      // error_bounds adds the (here absent) quantization term; use only the float part.
+      double abs_sum = 0;
+      const int64_t t = int64_t(i) / rows, r = int64_t(i) % rows;
+      std::vector<float> row(static_cast<size_t>(cols));
+      dequantize_row(m.view(), r, row.data());
+      for (int64_t k = 0; k < cols; ++k) abs_sum += std::fabs(double(row[size_t(k)]) * x[size_t(t * cols + k)]);
+      EXPECT_NEAR(got[i], want[i], 1e-6 * abs_sum) << weight_type_name(type) << " i=" << i;
+    }
+  }
+}
+
+TEST(Matmul, ZeroTokensWritesNothing) {
+  std::mt19937 rng(1);
+  const TestMatrix m = random_matrix(WeightType::Q8_0, 4, 64, rng);
+  float y = 42.0f;
+  matmul(m.view(), nullptr, &y, 0, nullptr);
+  EXPECT_EQ(y, 42.0f);
+}
+
+// ---- Vector ops ----
+
+std::vector<float> normal_vector(int64_t n, float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& f : v) f = dist(rng);
+  return v;
+}
+
+const int64_t kSizes[] = {1, 7, 16, 31, 64, 100, 288, 4097};
+
+TEST(VectorOps, RmsnormMatchesReference) {
+  // Float sum of squares with relative error <= ~n/32 * 2^-24; 2e-6 relative per element.
+  for (int64_t n : kSizes) {
+    const auto x = normal_vector(n, 2.0f, uint32_t(n));
+    const auto weight = normal_vector(n, 1.0f, uint32_t(n + 1));
+    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    rmsnorm(got.data(), x.data(), weight.data(), n, 1e-5f);
+    rmsnorm_reference(want.data(), x.data(), weight.data(), n, 1e-5f);
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(got[size_t(i)], want[size_t(i)], 2e-6 * std::fabs(want[size_t(i)]) + 1e-30) << n;
+    // In place.
+    std::vector<float> inplace = x;
+    rmsnorm(inplace.data(), inplace.data(), weight.data(), n, 1e-5f);
+    EXPECT_EQ(inplace, got);
+  }
+}
+
+TEST(VectorOps, SoftmaxMatchesReferenceAndIsStable) {
+  for (int64_t n : kSizes) {
+    auto got = normal_vector(n, 5.0f, uint32_t(n));
+    got[size_t(n / 2)] = 1000.0f;  // would overflow expf without subtracting the max
+    auto want = got;
+    softmax(got.data(), n);
+    softmax_reference(want.data(), n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(std::isfinite(got[size_t(i)]));
+      // expf is within 1 ulp, the float sum within n * 2^-24 relative.
+      EXPECT_NEAR(got[size_t(i)], want[size_t(i)], 1e-6 * want[size_t(i)] + 1e-9 + 1e-7 * double(n) * 1e-3);
+      sum += got[size_t(i)];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  float all_neg[3] = {-1000.0f, -1001.0f, -1000.0f};
+  softmax(all_neg, 3);
+  EXPECT_NEAR(all_neg[0], 0.4223188, 1e-6);
+  EXPECT_NEAR(all_neg[1], 0.1553624, 1e-6);
+}
+
+TEST(VectorOps, SiluMulMatchesReference) {
+  for (int64_t n : kSizes) {
+    auto gate = normal_vector(n, 4.0f, uint32_t(n));
+    const auto up = normal_vector(n, 1.0f, uint32_t(n + 3));
+    auto want = gate;
+    silu_mul(gate.data(), up.data(), n);
+    silu_mul_reference(want.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(gate[size_t(i)], want[size_t(i)], 1e-6 * std::fabs(want[size_t(i)]) + 1e-30);
+  }
+}
+
+TEST(VectorOps, RopeMatchesHandComputedValues) {
+  // Two heads of head_dim 4, pos 3, theta 10000. Pair 0: angle 3; pair 1:
+  // freq = 10000^(-2/4) = 0.01, angle 0.03.
+  float x[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+  rope(x, 2, 4, 3, 10000.0f);
+  const double c0 = -0.98999249660044542, s0 = 0.14112000805986721;  // cos 3, sin 3
+  const double c1 = 0.99955003374898754, s1 = 0.029995500202495660;  // cos .03, sin .03
+  const double want[4] = {1 * c0 - 2 * s0, 1 * s0 + 2 * c0, 3 * c1 - 4 * s1, 3 * s1 + 4 * c1};
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(x[h * 4 + i], want[i], 2e-6) << h << " " << i;
+
+  float same[4] = {0.5f, -1.5f, 2.0f, 7.0f};
+  rope(same, 1, 4, 0, 10000.0f);  // pos 0 is the identity
+  EXPECT_EQ(same[0], 0.5f);
+  EXPECT_EQ(same[1], -1.5f);
+  EXPECT_EQ(same[2], 2.0f);
+  EXPECT_EQ(same[3], 7.0f);
+}
+
+TEST(VectorOps, RopeUsesLlama2cFloatAngles) {
+  // llama2.c evaluates freq and angle in float; with a large pos the float
+  // angle differs from the double one, and rope must follow the float one.
+  const int head_dim = 64, pos = 1000;
+  std::vector<float> x(head_dim);
+  for (int i = 0; i < head_dim; ++i) x[size_t(i)] = float(i + 1) * 0.1f;
+  std::vector<float> want = x;
+  for (int i = 0; i < head_dim; i += 2) {
+    const float freq = 1.0f / powf(10000.0f, float(i) / float(head_dim));
+    const float val = float(pos) * freq;
+    const float fcr = cosf(val), fci = sinf(val);
+    const float v0 = want[size_t(i)], v1 = want[size_t(i + 1)];
+    want[size_t(i)] = v0 * fcr - v1 * fci;
+    want[size_t(i + 1)] = v0 * fci + v1 * fcr;
+  }
+  rope(x.data(), 1, head_dim, pos, 10000.0f);
+  for (int i = 0; i < head_dim; ++i) EXPECT_NEAR(x[size_t(i)], want[size_t(i)], 1e-6f) << i;
+}
+
+TEST(VectorOps, DotMatchesReference) {
+  for (int64_t n : {0L, 1L, 15L, 16L, 17L, 33L, 100L, 1000L, 4097L}) {
+    const auto a = normal_vector(n, 1.0f, uint32_t(n)), b = normal_vector(n, 1.0f, uint32_t(n + 9));
+    double abs_sum = 0;
+    for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double(a[size_t(i)]) * b[size_t(i)]);
+    // <= n/32 + 32 dependent float adds: far under 1e-5 * sum |a b| for these n.
+    EXPECT_NEAR(dot(a.data(), b.data(), n), dot_reference(a.data(), b.data(), n), 1e-5 * abs_sum + 1e-30)
+        << n;
+  }
+}
+
+TEST(VectorOps, AxpyMatchesScalar) {
+  for (int64_t n : kSizes) {
+    const auto x = normal_vector(n, 1.0f, uint32_t(n));
+    auto y = normal_vector(n, 1.0f, uint32_t(n + 5));
+    const std::vector<float> y0 = y;
+    axpy(0.37f, x.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = double(y0[size_t(i)]) + 0.37 * double(x[size_t(i)]);
+      // One rounding (FMA) or two (mul, add): within 2 ulp of the larger term.
+      const double scale = std::fabs(y0[size_t(i)]) + std::fabs(0.37 * x[size_t(i)]);
+      EXPECT_NEAR(y[size_t(i)], want, 2.5e-7 * scale) << i;
+    }
+  }
+  float y[2] = {1.0f, 2.0f};
+  axpy(2.0f, y, y + 1, 0);  // n = 0 touches nothing
+  EXPECT_EQ(y[1], 2.0f);
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,136 @@
+#include "util/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace kvserve {
+namespace {
+
+struct Range {
+  int64_t begin, end;
+  int thread;
+};
+
+// Runs one parallel_for and checks its contract: every index exactly once,
+// ranges disjoint, each a multiple of grain except the one that ends at n,
+// thread indexes in [0, num_threads) and distinct per range.
+void check_coverage(ThreadPool& pool, int64_t n, int64_t grain) {
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::mutex mu;
+  std::vector<Range> ranges;  // guarded by mu
+  pool.parallel_for(n, grain, [&](int64_t begin, int64_t end, int thread) {
+    for (int64_t i = begin; i < end; ++i) hits[size_t(i)].fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu);
+    ranges.push_back({begin, end, thread});
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+  std::set<int> threads;
+  for (const Range& r : ranges) {
+    EXPECT_LT(r.begin, r.end);
+    EXPECT_GE(r.thread, 0);
+    EXPECT_LT(r.thread, pool.num_threads());
+    EXPECT_TRUE(threads.insert(r.thread).second) << "thread " << r.thread << " ran two ranges";
+    if (r.end != n) {
+      EXPECT_EQ((r.end - r.begin) % std::max<int64_t>(grain, 1), 0);
+    }
+    EXPECT_EQ(r.begin % std::max<int64_t>(grain, 1), 0);
+  }
+  if (n <= 0) {
+    EXPECT_TRUE(ranges.empty());
+  }
+}
+
+TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 3, 4, 7}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 3, 5, 16, 31, 32, 33, 100, 1000, 4097})
+      for (int64_t grain : {0, 1, 2, 4, 16, 32, 1000}) check_coverage(pool, n, grain);
+  }
+}
+
+TEST(ThreadPool, NonPositiveThreadCountMeansCallerOnly) {
+  ThreadPool pool(0);
+  EXPECT_EQ(pool.num_threads(), 1);
+  const auto caller = std::this_thread::get_id();
+  pool.parallel_for(100, 1, [&](int64_t begin, int64_t end, int thread) {
+    EXPECT_EQ(begin, 0);
+    EXPECT_EQ(end, 100);
+    EXPECT_EQ(thread, 0);
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+  });
+}
+
+TEST(ThreadPool, CallerRunsRangeZero) {
+  ThreadPool pool(3);
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> ok{false};
+  pool.parallel_for(300, 1, [&](int64_t begin, int64_t, int thread) {
+    if (thread == 0) ok = begin == 0 && std::this_thread::get_id() == caller;
+  });
+  EXPECT_TRUE(ok.load());
+}
+
+TEST(ThreadPool, ManyBackToBackJobs) {
+  // Decode issues hundreds of short jobs per token; none may be lost or run twice.
+  ThreadPool pool(3);
+  std::atomic<int64_t> total{0};
+  const int kJobs = 20000;
+  for (int job = 0; job < kJobs; ++job) {
+    pool.parallel_for(64, 8, [&](int64_t begin, int64_t end, int) {
+      total.fetch_add(end - begin, std::memory_order_relaxed);
+    });
+    // The results of each job are visible to the caller once parallel_for returns.
+    ASSERT_EQ(total.load(std::memory_order_relaxed), int64_t(job + 1) * 64);
+  }
+}
+
+TEST(ThreadPool, WritesOfWorkersAreVisibleAfterReturn) {
+  ThreadPool pool(2);
+  std::vector<int64_t> out(1000);
+  for (int round = 0; round < 200; ++round) {
+    pool.parallel_for(1000, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) out[size_t(i)] = i * round;
+    });
+    for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(out[size_t(i)], i * round);
+  }
+}
+
+TEST(ThreadPool, WakesSleepingWorkers) {
+  // Workers sleep after ~200 us without work; a job after a pause must still run on them.
+  ThreadPool pool(3);
+  for (int round = 0; round < 5; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::atomic<int> ranges{0};
+    pool.parallel_for(3, 1, [&](int64_t, int64_t, int) { ranges.fetch_add(1); });
+    EXPECT_EQ(ranges.load(), 3);
+  }
+}
+
+TEST(ThreadPool, DestructionWhileIdle) {
+  // Right after construction (workers may not have started), while spinning,
+  // and while asleep.
+  { ThreadPool pool(4); }
+  {
+    ThreadPool pool(3);
+    pool.parallel_for(10, 1, [](int64_t, int64_t, int) {});
+  }
+  {
+    ThreadPool pool(3);
+    pool.parallel_for(10, 1, [](int64_t, int64_t, int) {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  SUCCEED();
+}
+
+TEST(ThreadPool, DefaultThreadCountIsPositive) { EXPECT_GE(default_thread_count(), 1); }
+
+}  // namespace
+}  // namespace kvserve

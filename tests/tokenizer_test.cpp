@@ -1,0 +1,415 @@
+#include "model/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "model/gguf_reader.h"
+#include "model/unicode_text.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+const std::string kVocabDir = KVSERVE_SHARED_DIR "/vocab/";
+const std::string kTok512 = KVSERVE_SOURCE_DIR "/models/tok512.bin";
+const std::string kStoriesGguf = KVSERVE_SOURCE_DIR "/models/stories260K.gguf";
+constexpr int32_t kTok512Size = 512;
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out) << "cannot write " << path;
+}
+
+std::string temp_path(const std::string& name) { return testing::TempDir() + "kvserve_tok_" + name; }
+
+Tokenizer gguf_tokenizer(const std::string& path) { return Tokenizer(load_gguf_vocab(GgufFile(path))); }
+
+std::string join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += std::to_string(id) + " ";
+  return s;
+}
+
+// llama.cpp's vocab test format: NAME.inp holds the strings, each followed by
+// a line "__ggml_vocab_test__"; NAME.out one line of ids per string.
+void expect_vectors_pass(const std::string& name) {
+  const Tokenizer tok = gguf_tokenizer(kVocabDir + name);
+  const std::string inp = read_all(kVocabDir + name + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> inputs;
+  for (size_t pos = 0; pos < inp.size();) {
+    size_t end = inp.find(sep, pos);
+    ASSERT_NE(end, std::string::npos) << name << ".inp does not end with a separator";
+    inputs.push_back(inp.substr(pos, end - pos));
+    pos = end + sep.size();
+  }
+  std::vector<std::vector<int32_t>> expected;
+  std::istringstream out(read_all(kVocabDir + name + ".out"));
+  for (std::string line; std::getline(out, line);) {
+    std::istringstream ids(line);
+    expected.emplace_back();
+    for (int32_t id; ids >> id;) expected.back().push_back(id);
+  }
+  ASSERT_FALSE(inputs.empty());
+  ASSERT_EQ(inputs.size(), expected.size()) << name;
+
+  size_t passed = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::vector<int32_t> got = tok.encode(inputs[i], /*add_bos=*/false);
+    if (got == expected[i]) {
+      ++passed;
+    } else {
+      ADD_FAILURE() << name << " vector " << i << " '" << inputs[i] << "'\n  expected: "
+                    << join(expected[i]) << "\n  got:      " << join(got);
+    }
+  }
+  EXPECT_EQ(passed, inputs.size()) << name;
+}
+
+TEST(TokenizerVectors, LlamaSpm) { expect_vectors_pass("ggml-vocab-llama-spm.gguf"); }
+
+TEST(TokenizerVectors, Gpt2) { expect_vectors_pass("ggml-vocab-gpt-2.gguf"); }
+
+TEST(Llama2cVocab, MatchesItsGgufConversion) {
+  const Vocab bin = load_llama2c_vocab(kTok512, kTok512Size);
+  const Vocab gguf = load_gguf_vocab(GgufFile(kStoriesGguf));
+  EXPECT_EQ(bin.kind, TokenizerKind::SentencePiece);
+  EXPECT_EQ(bin.tokens, gguf.tokens);
+  EXPECT_EQ(bin.scores, gguf.scores);
+  EXPECT_EQ(bin.types, gguf.types);
+  EXPECT_EQ(bin.bos_id, gguf.bos_id);
+  EXPECT_EQ(bin.eos_id, gguf.eos_id);
+  EXPECT_EQ(bin.unk_id, gguf.unk_id);
+  EXPECT_EQ(bin.add_bos, gguf.add_bos);
+  EXPECT_EQ(bin.add_space_prefix, gguf.add_space_prefix);
+
+  const Tokenizer a(bin);
+  const Tokenizer b(gguf);
+  const std::string prompt = "Once upon a time";
+  const std::vector<int32_t> ids = a.encode(prompt, /*add_bos=*/true);
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids, b.encode(prompt, true));
+  // llama2.c's run prints " Once" after BOS without its space.
+  EXPECT_EQ(a.vocab().tokens[size_t(ids[1])].substr(0, 3), "\xE2\x96\x81");
+  EXPECT_EQ(a.decode_piece(1, ids[1]), a.decode_piece(0, ids[1]).substr(1));
+  EXPECT_EQ(a.decode(ids), prompt);
+}
+
+TEST(Llama2cVocab, Normalisation) {
+  const Vocab v = load_llama2c_vocab(kTok512, kTok512Size);
+  ASSERT_EQ(v.tokens.size(), size_t(kTok512Size));
+  EXPECT_EQ(v.tokens[0], "<unk>");
+  EXPECT_EQ(v.types[0], TokenType::Unknown);
+  EXPECT_EQ(v.tokens[1], "<s>");  // stored as "\n<s>\n" in the .bin
+  EXPECT_EQ(v.types[1], TokenType::Control);
+  EXPECT_EQ(v.tokens[2], "</s>");
+  EXPECT_EQ(v.types[2], TokenType::Control);
+  EXPECT_EQ(v.tokens[3 + 0x0A], "<0x0A>");
+  EXPECT_EQ(v.types[3 + 0x0A], TokenType::Byte);
+  for (const std::string& t : v.tokens) EXPECT_EQ(t.find(' '), std::string::npos) << t;
+}
+
+TEST(Tokenizer, DecodePiece) {
+  const Tokenizer tok(load_llama2c_vocab(kTok512, kTok512Size));
+  const int32_t once = tok.encode("Once", false).at(0);
+  ASSERT_EQ(tok.vocab().tokens[size_t(once)], "\xE2\x96\x81Once");
+  EXPECT_EQ(tok.decode_piece(tok.bos_id(), once), "Once");
+  EXPECT_EQ(tok.decode_piece(once, once), " Once");
+  EXPECT_EQ(tok.decode_piece(once, tok.bos_id()), "");
+  EXPECT_EQ(tok.decode_piece(once, tok.eos_id()), "");
+  EXPECT_EQ(tok.decode_piece(once, 3 + 0x0A), "\n");
+  EXPECT_EQ(tok.decode_piece(once, 0), "<unk>");
+  EXPECT_THROW((void)tok.decode_piece(once, kTok512Size), Error);
+  EXPECT_THROW((void)tok.decode_piece(once, -1), Error);
+}
+
+TEST(Tokenizer, RoundTrip) {
+  const std::vector<std::string> texts = {
+      "Once upon a time, there was a little girl named Lily.",
+      "  two leading spaces\nand\ttabs\n\n",
+      "Ünïcödé 日本語 🦙 ½ — done",
+      "ill-formed \xFF\xFE bytes \xC3 and \xE2\x82",
+      "'s 'll don't WON'T 12345 x+y=z",
+  };
+  const Tokenizer tok512(load_llama2c_vocab(kTok512, kTok512Size));
+  const Tokenizer spm = gguf_tokenizer(kVocabDir + "ggml-vocab-llama-spm.gguf");
+  const Tokenizer gpt2 = gguf_tokenizer(kVocabDir + "ggml-vocab-gpt-2.gguf");
+  for (const std::string& text : texts) {
+    EXPECT_EQ(tok512.decode(tok512.encode(text, true)), text);
+    EXPECT_EQ(tok512.decode(tok512.encode(text, false)), text);
+    EXPECT_EQ(spm.decode(spm.encode(text, true)), text);
+    EXPECT_EQ(gpt2.decode(gpt2.encode(text, false)), text);
+  }
+  EXPECT_TRUE(tok512.encode("", false).empty());
+  EXPECT_EQ(tok512.encode("", true), std::vector<int32_t>{1});
+}
+
+TEST(Tokenizer, ByteFallback) {
+  const Tokenizer tok(load_llama2c_vocab(kTok512, kTok512Size));
+  // tok512 has "▁" but no llama emoji: its four bytes become <0xXX> tokens.
+  const int32_t space = tok.encode(" ", false).at(0);
+  ASSERT_EQ(tok.vocab().tokens[size_t(space)], "\xE2\x96\x81");
+  EXPECT_EQ(tok.encode("\xF0\x9F\xA6\x99", false),
+            (std::vector<int32_t>{space, 3 + 0xF0, 3 + 0x9F, 3 + 0xA6, 3 + 0x99}));
+  // A lone invalid byte is its own symbol.
+  EXPECT_EQ(tok.encode("\xFF", false), (std::vector<int32_t>{space, 3 + 0xFF}));
+
+  // Without byte tokens an unknown character becomes unk, once per byte.
+  Vocab v;
+  v.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a"};
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.types = {TokenType::Unknown, TokenType::Control, TokenType::Control, TokenType::Normal,
+             TokenType::Normal};
+  const Tokenizer tiny(v);
+  EXPECT_EQ(tiny.encode("a\xC3\xA9", false), (std::vector<int32_t>{3, 4, 0, 0}));
+}
+
+TEST(Tokenizer, SpmMergesHighestScoreLeftmostFirst) {
+  // "abc": "ab" and "bc" are both tokens; the higher score wins, and with equal
+  // scores the leftmost pair does.
+  Vocab v;
+  v.tokens = {"<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc"};
+  v.types = {TokenType::Unknown, TokenType::Control, TokenType::Control, TokenType::Normal,
+             TokenType::Normal, TokenType::Normal, TokenType::Normal, TokenType::Normal};
+  v.add_space_prefix = false;
+  v.scores = {0, 0, 0, 0, 0, 0, -2, -1};
+  EXPECT_EQ(Tokenizer(v).encode("abc", false), (std::vector<int32_t>{3, 7}));
+  v.scores = {0, 0, 0, 0, 0, 0, -1, -1};
+  EXPECT_EQ(Tokenizer(v).encode("abc", false), (std::vector<int32_t>{6, 5}));
+}
+
+TEST(Tokenizer, LongTextIsFast) {
+  // perplexity tokenizes its whole 1 MB evaluation text at once; a quadratic
+  // merge would take minutes here.
+  std::string text;
+  while (text.size() < (1u << 20)) text += "The quick brown fox jumps over the lazy dog, then naps. ";
+  const Tokenizer spm = gguf_tokenizer(kVocabDir + "ggml-vocab-llama-spm.gguf");
+  const Tokenizer gpt2 = gguf_tokenizer(kVocabDir + "ggml-vocab-gpt-2.gguf");
+  const std::vector<int32_t> ids = spm.encode(text, false);
+  EXPECT_LT(ids.size(), text.size() / 3);
+  EXPECT_EQ(spm.decode(ids), text);
+  EXPECT_EQ(gpt2.decode(gpt2.encode(text, false)), text);
+}
+
+TEST(UnicodeText, Gpt2Pretokenize) {
+  // Before a non-space, a run of spaces keeps its last one back to prefix
+  // the next word ('\s+(?!\S)'); at the end of the text it is one word.
+  EXPECT_EQ(gpt2_pretokenize("Hello world's  x\n\n y"),
+            (std::vector<std::string_view>{"Hello", " world", "'s", " ", " x", "\n\n", " y"}));
+  EXPECT_EQ(gpt2_pretokenize("a  42!? \xC3\xA9t\xC3\xA9   "),
+            (std::vector<std::string_view>{"a", " ", " 42", "!?", " \xC3\xA9t\xC3\xA9", "   "}));
+  EXPECT_EQ(gpt2_pretokenize("x\t\ny"), (std::vector<std::string_view>{"x", "\t", "\n", "y"}));
+  EXPECT_TRUE(gpt2_pretokenize("").empty());
+}
+
+TEST(UnicodeText, Gpt2ByteMap) {
+  EXPECT_EQ(gpt2_bytes_to_unicode(" "), "\xC4\xA0");  // "Ġ"
+  EXPECT_EQ(gpt2_bytes_to_unicode("\n"), "\xC4\x8A");  // "Ċ"
+  EXPECT_EQ(gpt2_bytes_to_unicode("a"), "a");
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += char(b);
+  const std::string mapped = gpt2_bytes_to_unicode(all);
+  EXPECT_EQ(gpt2_unicode_to_bytes(mapped), all);
+  // Outside the map, text passes through.
+  EXPECT_EQ(gpt2_unicode_to_bytes("\xE2\x96\x81"), "\xE2\x96\x81");
+}
+
+TEST(UnicodeText, DecodeUtf8) {
+  size_t len;
+  EXPECT_EQ(decode_utf8("\xC3\xA9", 0, &len), U'\u00E9');
+  EXPECT_EQ(len, 2u);
+  EXPECT_EQ(decode_utf8("\xF0\x9F\xA6\x99", 0, &len), U'\U0001F999');
+  EXPECT_EQ(len, 4u);
+  EXPECT_EQ(decode_utf8("\xC0\xAF", 0, &len), U'\uFFFD');  // overlong
+  EXPECT_EQ(len, 1u);
+  EXPECT_EQ(decode_utf8("\xED\xA0\x80", 0, &len), U'\uFFFD');  // surrogate
+  EXPECT_EQ(len, 1u);
+  EXPECT_EQ(decode_utf8("\xE2\x82", 0, &len), U'\uFFFD');  // truncated
+  EXPECT_EQ(len, 1u);
+}
+
+// A llama2.c tokenizer file: max_token_length, then {score, len, bytes} per token.
+struct Llama2cRecord {
+  float score;
+  int32_t len;
+  std::string text;
+};
+
+std::string llama2c_file(int32_t max_token_length, const std::vector<Llama2cRecord>& records) {
+  std::string out;
+  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  put(&max_token_length, 4);
+  for (const Llama2cRecord& r : records) {
+    put(&r.score, 4);
+    put(&r.len, 4);
+    out += r.text;
+  }
+  return out;
+}
+
+const std::vector<Llama2cRecord> kTinyRecords = {
+    {0, 5, "<unk>"}, {0, 5, "\n<s>\n"}, {0, 6, "\n</s>\n"}, {-1, 2, " a"}};
+
+TEST(Llama2cVocab, ReadsAWellFormedFile) {
+  const std::string path = temp_path("ok.bin");
+  write_all(path, llama2c_file(6, kTinyRecords));
+  const Vocab v = load_llama2c_vocab(path, 4);
+  EXPECT_EQ(v.tokens, (std::vector<std::string>{"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a"}));
+  EXPECT_EQ(v.scores, (std::vector<float>{0, 0, 0, -1}));
+}
+
+TEST(Llama2cVocab, RejectsMalformedFiles) {
+  const std::string good = llama2c_file(6, kTinyRecords);
+  auto expect_rejected = [&](const std::string& name, const std::string& bytes, int32_t vocab_size) {
+    const std::string path = temp_path(name);
+    write_all(path, bytes);
+    EXPECT_THROW((void)load_llama2c_vocab(path, vocab_size), Error) << name;
+  };
+  expect_rejected("empty.bin", "", 4);
+  expect_rejected("header_only.bin", good.substr(0, 4), 4);
+  for (size_t cut : {size_t(6), size_t(10), good.size() - 1})
+    expect_rejected("cut" + std::to_string(cut) + ".bin", good.substr(0, cut), 4);
+  expect_rejected("too_few_tokens.bin", good, 5);
+  expect_rejected("trailing.bin", good + "x", 4);
+  expect_rejected("zero_max.bin", llama2c_file(0, kTinyRecords), 4);
+  expect_rejected("longer_than_max.bin", llama2c_file(5, kTinyRecords), 4);
+  auto with_last = [&](Llama2cRecord r) {
+    std::vector<Llama2cRecord> records = kTinyRecords;
+    records.back() = r;
+    return llama2c_file(6, records);
+  };
+  expect_rejected("negative_len.bin", with_last({-1, -2, ""}), 4);
+  expect_rejected("huge_len.bin", with_last({-1, 0x7FFFFFFF, "ab"}), 4);
+  expect_rejected("nan_score.bin", with_last({std::nanf(""), 2, " a"}), 4);
+  expect_rejected("small_vocab.bin", good, 2);
+  EXPECT_THROW((void)load_llama2c_vocab(temp_path("does_not_exist.bin"), 4), Error);
+}
+
+// A metadata-only GGUF v3 file, for testing vocabulary validation.
+class GgufWriter {
+ public:
+  void str(const std::string& key, const std::string& value) {
+    kv(key, GgufType::STRING);
+    put_str(value);
+  }
+  void u32(const std::string& key, uint32_t value) {
+    kv(key, GgufType::U32);
+    put(value);
+  }
+  void strings(const std::string& key, const std::vector<std::string>& values) {
+    array(key, GgufType::STRING, values.size());
+    for (const std::string& s : values) put_str(s);
+  }
+  void floats(const std::string& key, const std::vector<float>& values) {
+    array(key, GgufType::F32, values.size());
+    for (float f : values) put(f);
+  }
+  void ints(const std::string& key, const std::vector<int32_t>& values) {
+    array(key, GgufType::I32, values.size());
+    for (int32_t i : values) put(i);
+  }
+  std::string bytes() const {
+    std::string head;
+    auto put_head = [&](auto v) { head.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    put_head(uint32_t(0x46554747));
+    put_head(uint32_t(3));
+    put_head(uint64_t(0));  // tensors
+    put_head(uint64_t(count_));
+    return head + body_;
+  }
+
+ private:
+  template <class T>
+  void put(T v) { body_.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  void put_str(const std::string& s) {
+    put(uint64_t(s.size()));
+    body_ += s;
+  }
+  void kv(const std::string& key, GgufType type) {
+    put_str(key);
+    put(uint32_t(type));
+    ++count_;
+  }
+  void array(const std::string& key, GgufType element, size_t n) {
+    kv(key, GgufType::ARRAY);
+    put(uint32_t(element));
+    put(uint64_t(n));
+  }
+  std::string body_;
+  uint64_t count_ = 0;
+};
+
+// Writes a small "llama" vocabulary, lets `edit` change it, and loads it.
+template <class Edit>
+Vocab load_edited_gguf(const std::string& name, Edit edit) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "a"};
+  std::vector<float> scores = {0, 0, 0, -1};
+  std::vector<int32_t> types = {2, 3, 3, 1};
+  std::string model = "llama";
+  uint32_t bos = 1;
+  edit(model, tokens, scores, types, bos);
+  GgufWriter w;
+  w.str("tokenizer.ggml.model", model);
+  w.strings("tokenizer.ggml.tokens", tokens);
+  w.floats("tokenizer.ggml.scores", scores);
+  w.ints("tokenizer.ggml.token_type", types);
+  w.u32("tokenizer.ggml.bos_token_id", bos);
+  const std::string path = temp_path(name);
+  write_all(path, w.bytes());
+  return load_gguf_vocab(GgufFile(path));
+}
+
+TEST(GgufVocab, ValidatesMetadata) {
+  auto no_edit = [](auto&...) {};
+  const Vocab v = load_edited_gguf("ok.gguf", no_edit);
+  EXPECT_EQ(v.tokens.size(), 4u);
+  EXPECT_EQ(v.eos_id, 2);
+  EXPECT_TRUE(v.add_bos);
+  EXPECT_TRUE(v.add_space_prefix);
+
+  EXPECT_THROW(load_edited_gguf("model.gguf", [](auto& model, auto&...) { model = "bert"; }), Error);
+  EXPECT_THROW(load_edited_gguf("scores.gguf", [](auto&, auto&, auto& scores, auto&...) {
+                 scores.pop_back();
+               }), Error);
+  EXPECT_THROW(load_edited_gguf("types.gguf", [](auto&, auto&, auto&, auto& types, auto&) {
+                 types.push_back(1);
+               }), Error);
+  EXPECT_THROW(load_edited_gguf("type_value.gguf", [](auto&, auto&, auto&, auto& types, auto&) {
+                 types[3] = 9;
+               }), Error);
+  EXPECT_THROW(load_edited_gguf("bos.gguf", [](auto&, auto&, auto&, auto&, auto& bos) { bos = 4; }),
+               Error);
+  // A gpt2 vocabulary needs merges and explicit special ids.
+  EXPECT_THROW(load_edited_gguf("gpt2.gguf", [](auto& model, auto&...) { model = "gpt2"; }), Error);
+}
+
+TEST(Tokenizer, RejectsInconsistentVocab) {
+  Vocab v;
+  v.tokens = {"<unk>", "<s>", "</s>"};
+  v.scores = {0, 0};
+  v.types.assign(3, TokenType::Normal);
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v.scores.push_back(0);
+  v.eos_id = 3;
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v.eos_id = 2;
+  v.kind = TokenizerKind::Gpt2Bpe;
+  v.merges = {"ab"};
+  EXPECT_THROW(Tokenizer{v}, Error);
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,48 @@
+// Options every kvserve subcommand shares, and the objects they build.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "util/thread_pool.h"
+
+namespace kvserve::cli {
+
+struct CommonOptions {
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string kv_dtype = "fp32";
+  int32_t block_size = 16;
+  int64_t kv_blocks = 0;        // 0 = from --kv-memory, else one full context
+  std::string kv_memory;        // e.g. "512MiB"; empty = unset
+  int threads = 0;              // 0 = all hardware threads
+  bool json = false;
+};
+
+// Adds --model (required when model_required), --tokenizer, --kv-dtype,
+// --block-size, --kv-blocks, --kv-memory, --threads, --json.
+void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required = true);
+
+// Parses "4096", "512KiB", "64MiB", "2GiB" (also KB/MB/GB as powers of 1000).
+int64_t parse_bytes(const std::string& text);
+
+KvCacheOptions kv_options(const CommonOptions& o);
+int thread_count(const CommonOptions& o);
+
+// The KV cache accounting as JSON fields (documented in the README).
+nlohmann::json kv_stats_json(const KvStats& s);
+
+// Every subcommand registers itself here.
+void register_generate(CLI::App& app);
+void register_perplexity(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_synth(CLI::App& app);
+
+}  // namespace kvserve::cli

@@ -1,0 +1,116 @@
+// kvserve bench: prefill and decode speed, KV cost, and the share of the
+// machine's memory bandwidth a decode step reaches, all in one run.
+#include <cstdio>
+#include <random>
+
+#include "engine/sampler.h"
+#include "engine/transformer.h"
+#include "tools/cli_common.h"
+#include "util/error.h"
+#include "util/memory_bandwidth.h"
+#include "util/timer.h"
+
+namespace kvserve::cli {
+namespace {
+
+struct BenchArgs {
+  CommonOptions common;
+  int32_t prompt_tokens = 512;
+  int32_t gen_tokens = 64;
+  int32_t batch = 512;
+  int64_t bandwidth_mib = 1024;
+};
+
+void run(const BenchArgs& a) {
+  if (a.prompt_tokens <= 0 || a.gen_tokens <= 0) fail("--prompt-tokens and --gen-tokens must be positive");
+  if (a.batch <= 0) fail("--batch must be positive");
+  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  const ModelConfig& c = model->config();
+  const int64_t total = int64_t(a.prompt_tokens) + a.gen_tokens;
+  if (total > c.seq_len) fail("--prompt-tokens + --gen-tokens = {} exceeds the context length {}", total, c.seq_len);
+
+  ThreadPool pool(thread_count(a.common));
+  const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
+  KvCacheOptions kvo = kv_options(a.common);
+  if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
+  KvCache cache(c, kvo);
+  Transformer transformer(*model, pool);
+
+  // A random prompt: speed does not depend on which tokens they are.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> pick(3, c.vocab_size - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(a.prompt_tokens));
+  tokens[0] = 1;
+  for (size_t i = 1; i < tokens.size(); ++i) tokens[i] = pick(rng);
+
+  BlockTable table;
+  std::vector<BatchEntry> batch(1);
+  batch[0].table = &table;
+  Logits logits;
+  Timer timer;
+  for (int32_t done = 0; done < a.prompt_tokens;) {
+    const int32_t n = std::min(a.batch, a.prompt_tokens - done);
+    if (!cache.reserve(table, n)) fail("out of KV blocks during prefill");
+    batch[0].tokens = std::span<const int32_t>(tokens.data() + done, size_t(n));
+    transformer.forward(batch, cache, logits);
+    done += n;
+  }
+  const double prefill_s = timer.seconds();
+
+  timer.reset();
+  for (int32_t i = 0; i < a.gen_tokens; ++i) {
+    tokens.push_back(argmax(logits.row(0), logits.vocab));
+    if (!cache.reserve(table, 1)) fail("out of KV blocks during decode");
+    batch[0].tokens = std::span<const int32_t>(&tokens.back(), 1);
+    transformer.forward(batch, cache, logits);
+  }
+  const double decode_s = timer.seconds();
+  const KvStats kv = cache.stats();
+
+  // Bytes one decode step must read: every weight matrix except the embedding
+  // table (one row of it), plus the KV of the context so far (mean over steps).
+  const Weights& w = model->weights();
+  const bool tied = w.classifier.data == w.token_embedding.data;
+  const double weight_bytes = double(w.bytes()) - (tied ? 0.0 : double(w.token_embedding.bytes()));
+  const double mean_ctx = a.prompt_tokens + (a.gen_tokens + 1) / 2.0;
+  const double kv_bytes = mean_ctx * double(kv.bytes_per_token);
+  const double decode_tok_s = a.gen_tokens / decode_s;
+  const double fraction = (weight_bytes + kv_bytes) * decode_tok_s / (bandwidth * 1e9);
+  cache.release(table);
+
+  nlohmann::json j = kv_stats_json(kv);
+  j["prefill_tok_s"] = a.prompt_tokens / prefill_s;
+  j["decode_tok_s"] = decode_tok_s;
+  j["mem_bandwidth_gbs"] = bandwidth;
+  j["bandwidth_fraction"] = fraction;
+  j["decode_bytes_per_token"] = weight_bytes + kv_bytes;
+  j["weight_bytes"] = w.bytes();
+  j["prompt_tokens"] = a.prompt_tokens;
+  j["gen_tokens"] = a.gen_tokens;
+  j["threads"] = pool.num_threads();
+  j["kv_dtype"] = a.common.kv_dtype;
+  j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
+  if (a.common.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("prefill %.1f tok/s | decode %.2f tok/s | %.1f MB read per decode token | bandwidth %.1f GB/s, "
+              "decode reaches %.0f%% | KV %lld bytes/token (%s)\n",
+              a.prompt_tokens / prefill_s, decode_tok_s, (weight_bytes + kv_bytes) / 1e6, bandwidth,
+              fraction * 100, (long long)kv.bytes_per_token, a.common.kv_dtype.c_str());
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "prefill/decode speed and memory-bandwidth use");
+  add_common_options(*cmd, a->common);
+  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length")->capture_default_str();
+  cmd->add_option("--gen-tokens", a->gen_tokens, "tokens to decode")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "prefill tokens per forward pass")->capture_default_str();
+  cmd->add_option("--bandwidth-mib", a->bandwidth_mib, "buffer size of the bandwidth probe")->capture_default_str();
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace kvserve::cli

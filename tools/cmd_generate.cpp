@@ -1,0 +1,92 @@
+// kvserve generate: prints the prompt and its continuation, like llama2.c's run.
+#include <cctype>
+#include <cstdio>
+
+#include "engine/generator.h"
+#include "tools/cli_common.h"
+
+namespace kvserve::cli {
+namespace {
+
+struct GenerateArgs {
+  CommonOptions common;
+  std::string prompt;
+  int32_t max_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+// As llama2.c's safe_printf: a lone byte that is neither printable nor
+// whitespace is a fragment of a multi-byte character or a control code; skip it.
+void print_piece(const std::string& piece) {
+  if (piece.empty()) return;
+  if (piece.size() == 1) {
+    unsigned char b = static_cast<unsigned char>(piece[0]);
+    if (!(std::isprint(b) || std::isspace(b))) return;
+  }
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);
+}
+
+void run(const GenerateArgs& a) {
+  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  const Tokenizer& tok = model->require_tokenizer();
+  ThreadPool pool(thread_count(a.common));
+  KvCache cache(model->config(), kv_options(a.common));
+  Transformer transformer(*model, pool);
+
+  GenerateOptions g;
+  g.max_tokens = a.max_tokens;
+  g.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  const std::vector<int32_t> prompt = tok.encode(a.prompt, true);
+  std::string text;
+  auto on_token = [&](int32_t prev, int32_t token) {
+    std::string piece = tok.decode_piece(prev, token);
+    if (a.common.json) text += piece;
+    else print_piece(piece);
+  };
+  GenerateResult r = generate(transformer, cache, prompt, g, on_token, tok.bos_id(), tok.eos_id());
+
+  const KvStats& kv = r.kv_peak;
+  const double decode_tok_s = r.decode_seconds > 0 ? (r.generated_tokens - 1) / r.decode_seconds : 0;
+  if (a.common.json) {
+    nlohmann::json j = kv_stats_json(kv);
+    j["text"] = text;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["generated_tokens"] = r.generated_tokens;
+    j["tokens"] = r.tokens;
+    j["prefill_seconds"] = r.prefill_seconds;
+    j["decode_tok_s"] = decode_tok_s;
+    j["kv_dtype"] = a.common.kv_dtype;
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("\n");
+  std::fprintf(stderr,
+               "kvserve: %d prompt + %d generated tokens, decode %.1f tok/s | KV cache (%s): %lld tokens in "
+               "%d blocks of %d, %lld bytes used (%lld bytes/token), %d of %d blocks free\n",
+               r.prompt_tokens, r.generated_tokens, decode_tok_s, a.common.kv_dtype.c_str(),
+               (long long)kv.tokens_stored, kv.blocks_used, kv.block_size, (long long)kv.bytes_used,
+               (long long)kv.bytes_per_token, kv.blocks_free, kv.blocks_total);
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a prompt");
+  add_common_options(*cmd, args->common);
+  cmd->add_option("--prompt", args->prompt, "prompt text (may be empty)");
+  cmd->add_option("--max-tokens", args->max_tokens,
+                  "positions to run, prompt included, as llama2.c's -n (0 = context length)")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace kvserve::cli

@@ -1,0 +1,52 @@
+// kvserve inspect: what a checkpoint holds and what its KV cache costs.
+#include <cstdio>
+
+#include "tools/cli_common.h"
+
+namespace kvserve::cli {
+namespace {
+
+void run(const CommonOptions& o) {
+  auto model = Model::load(o.model_path, o.tokenizer_path);
+  const ModelConfig& c = model->config();
+  KvCache cache(c, kv_options(o));
+  const KvStats kv = cache.stats();
+  const Weights& w = model->weights();
+  nlohmann::json j = {
+      {"format", model->format() == CheckpointFormat::Gguf ? "gguf" : "llama2c"},
+      {"architecture", c.architecture},
+      {"dim", c.dim},
+      {"hidden_dim", c.hidden_dim},
+      {"n_layers", c.n_layers},
+      {"n_heads", c.n_heads},
+      {"n_kv_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim()},
+      {"vocab_size", c.vocab_size},
+      {"context_length", c.seq_len},
+      {"rope_theta", c.rope_theta},
+      {"norm_eps", c.norm_eps},
+      {"weight_type", std::string(weight_type_name(w.layers.at(0).wq.type))},
+      {"weight_bytes", w.bytes()},
+      {"shared_classifier", w.classifier.data == w.token_embedding.data},
+      {"has_tokenizer", model->tokenizer() != nullptr},
+      {"kv_dtype", o.kv_dtype},
+      {"kv_bytes_per_token", kv.bytes_per_token},
+      {"kv_bytes_full_context", kv.bytes_per_token * c.seq_len},
+  };
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  for (auto& [key, value] : j.items()) std::printf("%-22s %s\n", key.c_str(), value.dump().c_str());
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto o = std::make_shared<CommonOptions>();
+  CLI::App* cmd = app.add_subcommand("inspect", "print a checkpoint's architecture, shapes and KV cost");
+  add_common_options(*cmd, *o);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kvserve::cli

@@ -1,0 +1,77 @@
+// kvserve perplexity: llama.cpp's perplexity protocol over a text file.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "engine/perplexity.h"
+#include "tools/cli_common.h"
+#include "util/error.h"
+
+namespace kvserve::cli {
+namespace {
+
+struct PerplexityArgs {
+  CommonOptions common;
+  std::string file;
+  PerplexityOptions ppl;
+};
+
+void run(const PerplexityArgs& a) {
+  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  const Tokenizer& tok = model->require_tokenizer();
+  std::ifstream in(a.file, std::ios::binary);
+  if (!in) fail("cannot open '{}'", a.file);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::vector<int32_t> tokens = tok.encode(text.str(), true);
+
+  ThreadPool pool(thread_count(a.common));
+  KvCacheOptions kv = kv_options(a.common);
+  if (kv.num_blocks == 0 && kv.budget_bytes == 0) kv.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
+  KvCache cache(model->config(), kv);
+  Transformer transformer(*model, pool);
+  const bool tty = isatty(fileno(stderr));
+  auto progress = [&](int32_t done, int32_t total) {
+    // A progress bar on stderr; one line per chunk when stderr is not a terminal would be noise.
+    if (!tty && done != total) return;
+    const int width = 40, filled = int(double(done) / total * width);
+    std::fprintf(stderr, "\rperplexity [%s%s] %d/%d chunks", std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), done, total);
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), a.ppl, progress);
+
+  nlohmann::json j = kv_stats_json(r.kv);
+  j["ppl"] = r.ppl;
+  j["nll_mean"] = r.nll_mean;
+  j["tokens"] = r.tokens_scored;
+  j["chunks"] = r.chunks;
+  j["ctx"] = a.ppl.ctx;
+  j["text_tokens"] = tokens.size();
+  j["seconds"] = r.seconds;
+  j["kv_dtype"] = a.common.kv_dtype;
+  if (a.common.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("perplexity: %.4f over %lld tokens in %d chunks of %d (KV %s, %lld bytes/token), %.1f s\n", r.ppl,
+              (long long)r.tokens_scored, r.chunks, a.ppl.ctx, a.common.kv_dtype.c_str(),
+              (long long)r.kv.bytes_per_token, r.seconds);
+}
+
+}  // namespace
+
+void register_perplexity(CLI::App& app) {
+  auto a = std::make_shared<PerplexityArgs>();
+  CLI::App* cmd = app.add_subcommand("perplexity", "perplexity of a text file (llama.cpp's protocol)");
+  add_common_options(*cmd, a->common);
+  cmd->add_option("--file", a->file, "text file")->required();
+  cmd->add_option("--ctx", a->ppl.ctx, "tokens per chunk")->capture_default_str();
+  cmd->add_option("--chunks", a->ppl.chunks, "chunks to score (-1 = all)")->capture_default_str();
+  cmd->add_option("--batch", a->ppl.batch, "tokens per forward pass")->capture_default_str();
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace kvserve::cli
