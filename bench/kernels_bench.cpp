@@ -10,6 +10,12 @@
 //   build-kern/kernels_bench --benchmark_filter='Matmul|MemoryRead'
 #include <benchmark/benchmark.h>
 
+// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
+// "undefined" pass-through operands (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>
@@ -170,3 +176,5 @@ BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
 }  // namespace
 }  // namespace kvserve
+
+BENCHMARK_MAIN();

@@ -36,6 +36,10 @@ namespace kvserve {
 
 namespace {
 
+// The R x T loops of the tile kernels must be unrolled so their arrays of
+// vectors live in registers; -O2 alone keeps them on the stack.
+#define KVSERVE_UNROLL _Pragma("GCC unroll 8")
+
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;
 constexpr int64_t kTokenChunk = 64;
@@ -72,18 +76,25 @@ struct FloatKernel {
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
     const int64_t cols = a.w->cols;
     const W* wr[R];
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const W*>(a.w->row(r0 + r));
     const float* xt[T];
+    KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) xt[t] = a.x + (t0 + t) * cols;
     __m512 acc[R][T];
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r)
+      KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
 
     auto step = [&](int64_t k, __mmask16 m) {
       __m512 wv[R];
+      KVSERVE_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = load_weights16(wr[r] + k, m);
+      KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
         const __m512 xv = _mm512_maskz_loadu_ps(m, xt[t] + k);
+        KVSERVE_UNROLL
         for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     };
@@ -91,7 +102,9 @@ struct FloatKernel {
     for (; k + 16 <= cols; k += 16) step(k, 0xFFFF);
     if (k < cols) step(k, __mmask16((1u << (cols - k)) - 1));
 
+    KVSERVE_UNROLL
     for (int t = 0; t < T; ++t)
+      KVSERVE_UNROLL
       for (int r = 0; r < R; ++r)
         a.y[(t0 + t) * a.w->rows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
@@ -107,8 +120,10 @@ struct FloatKernel {
   template <int R, int T>
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
     const int64_t cols = a.w->cols;
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
       const W* wr = reinterpret_cast<const W*>(a.w->row(r0 + r));
+      KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
         const float* xt = a.x + (t0 + t) * cols;
         float sum = 0.0f;
@@ -184,11 +199,14 @@ struct QuantKernel {
                          const float* const* xd, int64_t b, __m512 (&acc)[R][T]) {
     __m512i wv[R];
     __m512 wd[R];
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr[r] + b * Q::kStride + KVSERVE_PF), _MM_HINT_T0);
       wv[r] = Q::template load_pair<kSecond>(wr[r], b);
       wd[r] = weight_scale_pair<Q::kStride, kSecond>(wr[r], b);
     }
     const __m512i offset = _mm512_set1_epi8(Q::kOffset);
+    KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) {
       const __m512i xv = _mm512_load_si512(xq[t] + b * 32);
       const __m512i seed =
@@ -196,6 +214,7 @@ struct QuantKernel {
                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xv));
       const __m512 xs = spread_scale_pair(
           _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd[t] + b))));
+      KVSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(seed, wv[r], xv));
         acc[r][t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wd[r], xs), acc[r][t]);
@@ -207,20 +226,26 @@ struct QuantKernel {
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
     const int64_t nb = a.qx->blocks;
     const uint8_t* wr[R];
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = a.w->row(r0 + r);
     const int8_t* xq[T];
     const float* xd[T];
+    KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) {
       xq[t] = a.qx->row_qs(t0 + t);
       xd[t] = a.qx->row_d(t0 + t);
     }
     __m512 acc[R][T];
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r)
+      KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) block_pair<R, T, true>(wr, xq, xd, b, acc);
     if (b < nb) block_pair<R, T, false>(wr, xq, xd, b, acc);
+    KVSERVE_UNROLL
     for (int t = 0; t < T; ++t)
+      KVSERVE_UNROLL
       for (int r = 0; r < R; ++r)
         a.y[(t0 + t) * a.w->rows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
@@ -247,8 +272,10 @@ template <class Q>
 struct QuantKernel {
   template <int R, int T>
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
+    KVSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = a.w->row(r0 + r);
+      KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
         const int8_t* xq = a.qx->row_qs(t0 + t);
         const float* xd = a.qx->row_d(t0 + t);

@@ -18,6 +18,12 @@ constexpr uint64_t kMaxTensors = 1u << 20;
 constexpr uint64_t kMaxStringBytes = 1u << 26;
 constexpr uint32_t kMaxDims = 4;
 constexpr uint64_t kDefaultAlignment = 32;
+// The smallest encodings of a metadata record (empty key, type, one-byte value)
+// and of a tensor record (empty name, rank, one dimension, type, offset), in
+// bytes. A count whose records cannot fit in the file is rejected before the
+// tensor table is reserved (about 100 bytes per entry) from it.
+constexpr uint64_t kMinKeyValueBytes = 8 + 4 + 1;
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 // A bounds-checked little-endian cursor over the mapped file.
 class Cursor {
@@ -184,18 +190,24 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
   if (version_ != 2 && version_ != 3) fail("{}: unsupported GGUF version {} (need 2 or 3)", path, version_);
   uint64_t n_tensors = c.read<uint64_t>("tensor count");
   uint64_t n_kv = c.read<uint64_t>("metadata count");
-  if (n_tensors > kMaxTensors) fail("{}: tensor count {} is implausible", path, n_tensors);
-  if (n_kv > kMaxKeyValues) fail("{}: metadata count {} is implausible", path, n_kv);
+  if (n_tensors > kMaxTensors || n_tensors > c.remaining() / kMinTensorInfoBytes)
+    fail("{}: tensor count {} is implausible for a file of {} bytes", path, n_tensors, file_->size());
+  if (n_kv > kMaxKeyValues || n_kv > c.remaining() / kMinKeyValueBytes)
+    fail("{}: metadata count {} is implausible for a file of {} bytes", path, n_kv, file_->size());
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.read_string("metadata key");
     auto type = GgufType(c.read<uint32_t>("metadata type"));
+    if (metadata_.count(key)) fail("{}: duplicate metadata key '{}'", path, key);
     metadata_[key] = read_value(c, type, key, path);
   }
 
   uint64_t alignment = uint64_t(get_int_or("general.alignment", kDefaultAlignment));
   if (alignment == 0 || (alignment & (alignment - 1)) != 0)
     fail("{}: general.alignment {} is not a power of two", path, alignment);
+  // The GGUF spec requires a multiple of 8; smaller ones would leave F32 and
+  // F16 tensors misaligned for the kernels that read them in place.
+  if (alignment % 8 != 0) fail("{}: general.alignment {} is not a multiple of 8", path, alignment);
 
   tensors_.reserve(size_t(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {

@@ -16,6 +16,13 @@ WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
   return WeightMatrix{WeightType::F32, data, rows, cols};
 }
 
+// A metadata integer bound for an int32 ModelConfig field. Without the check
+// 2^32 + 64 would wrap to 64 and pass validate(); validate() checks the range.
+int32_t narrow_i32(const std::string& path, const std::string& key, int64_t v) {
+  if (v < INT32_MIN || v > INT32_MAX) fail("{}: metadata '{}' = {} is out of range", path, key, v);
+  return int32_t(v);
+}
+
 }  // namespace
 
 Model::Model() = default;
@@ -79,17 +86,21 @@ void Model::load_gguf(const std::string& path) {
 
   ModelConfig& c = config_;
   c.architecture = arch;
-  c.dim = int32_t(f.get_int("llama.embedding_length"));
-  c.hidden_dim = int32_t(f.get_int("llama.feed_forward_length"));
-  c.n_layers = int32_t(f.get_int("llama.block_count"));
-  c.n_heads = int32_t(f.get_int("llama.attention.head_count"));
-  c.n_kv_heads = int32_t(f.get_int_or("llama.attention.head_count_kv", c.n_heads));
-  c.seq_len = int32_t(f.get_int("llama.context_length"));
+  auto int_key = [&](const std::string& key) { return narrow_i32(path, key, f.get_int(key)); };
+  auto int_key_or = [&](const std::string& key, int64_t fallback) {
+    return narrow_i32(path, key, f.get_int_or(key, fallback));
+  };
+  c.dim = int_key("llama.embedding_length");
+  c.hidden_dim = int_key("llama.feed_forward_length");
+  c.n_layers = int_key("llama.block_count");
+  c.n_heads = int_key("llama.attention.head_count");
+  c.n_kv_heads = int_key_or("llama.attention.head_count_kv", c.n_heads);
+  c.seq_len = int_key("llama.context_length");
   c.rope_theta = float(f.get_float_or("llama.rope.freq_base", 10000.0));
   c.norm_eps = float(f.get_float_or("llama.attention.layer_norm_rms_epsilon", 1e-5));
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (emb == nullptr || emb->dims.size() != 2) fail("{}: missing or malformed token_embd.weight", path);
-  c.vocab_size = int32_t(f.get_int_or("llama.vocab_size", emb->dims[1]));
+  c.vocab_size = int_key_or("llama.vocab_size", emb->dims[1]);
   c.validate(path);
   int64_t rope_dims = f.get_int_or("llama.rope.dimension_count", c.head_dim());
   if (rope_dims != c.head_dim())

@@ -1,0 +1,63 @@
+# End-to-end checks of the kvserve CLI: exact greedy outputs against the
+# llama2.c reference texts in ../shared/data/reference, and clean errors.
+set(REF "${KVSERVE_SHARED_DIR}/data/reference")
+set(MODELS "${CMAKE_SOURCE_DIR}/models")
+set(SHARED_MODELS "${KVSERVE_SHARED_DIR}/models")
+
+function(kvserve_output_test name expected)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:kvserve>;${ARGN}"
+           -DEXPECTED=${expected} -P ${CMAKE_SOURCE_DIR}/tests/cli/compare_output.cmake)
+endfunction()
+
+function(kvserve_error_test name expect)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:kvserve>;${ARGN}"
+           "-DEXPECT=${expect}" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_error.cmake)
+endfunction()
+
+set(ONCE "Once upon a time")
+kvserve_output_test(cli.generate_stories_bin_256 ${REF}/stories260K_greedy_once_upon_a_time_256.txt
+  generate --model ${MODELS}/stories260K.bin --tokenizer ${MODELS}/tok512.bin --prompt ${ONCE} --max-tokens 256 --temperature 0)
+kvserve_output_test(cli.generate_stories_gguf_256 ${REF}/stories260K_greedy_once_upon_a_time_256.txt
+  generate --model ${MODELS}/stories260K.gguf --prompt ${ONCE} --max-tokens 256 --temperature 0)
+kvserve_output_test(cli.generate_stories_gguf_256_fp16_block7 ${REF}/stories260K_greedy_once_upon_a_time_256.txt
+  generate --model ${MODELS}/stories260K.gguf --prompt ${ONCE} --max-tokens 256 --temperature 0 --kv-dtype fp16 --block-size 7)
+kvserve_output_test(cli.generate_stories_bin_noprompt_200 ${REF}/stories260K_greedy_noprompt_200.txt
+  generate --model ${MODELS}/stories260K.bin --tokenizer ${MODELS}/tok512.bin --max-tokens 200 --temperature 0)
+kvserve_output_test(cli.generate_stories_gguf_noprompt_200 ${REF}/stories260K_greedy_noprompt_200.txt
+  generate --model ${MODELS}/stories260K.gguf --max-tokens 200 --temperature 0)
+kvserve_output_test(cli.generate_aidreams_bin_128 ${REF}/aidreams260K_greedy_once_upon_a_time_128.txt
+  generate --model ${SHARED_MODELS}/aidreams260K.bin --tokenizer ${SHARED_MODELS}/aidreams_tok512.bin --prompt ${ONCE} --max-tokens 128 --temperature 0)
+kvserve_output_test(cli.generate_aidreams_gguf_128 ${REF}/aidreams260K_greedy_once_upon_a_time_128.txt
+  generate --model ${SHARED_MODELS}/aidreams260K.gguf --prompt ${ONCE} --max-tokens 128 --temperature 0)
+
+kvserve_error_test(cli.error_missing_model "cannot open"
+  generate --model ${MODELS}/does_not_exist.gguf --prompt x --max-tokens 8)
+kvserve_error_test(cli.error_not_a_checkpoint "llama2.c header"
+  generate --model ${MODELS}/README.md --tokenizer ${MODELS}/tok512.bin --prompt x --max-tokens 8)
+kvserve_error_test(cli.error_bin_without_tokenizer "--tokenizer"
+  generate --model ${MODELS}/stories260K.bin --prompt x --max-tokens 8)
+kvserve_error_test(cli.error_max_tokens_past_context "context length"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 100000)
+kvserve_error_test(cli.error_kv_too_small "cannot hold"
+  generate --model ${MODELS}/stories260K.gguf --prompt ${ONCE} --max-tokens 256 --kv-blocks 2)
+kvserve_error_test(cli.error_bad_dtype "unknown KV dtype"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int3)
+kvserve_error_test(cli.error_block_size_zero "block-size"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --block-size 0)
+kvserve_error_test(cli.error_ppl_ctx "--ctx"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 4096)
+
+# Perplexity on a few chunks must match the full run's protocol (exact value
+# checked in perplexity_test); here: the JSON contract fields exist.
+add_test(NAME cli.perplexity_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;perplexity;--model;${MODELS}/stories260K.gguf;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--ctx;128;--chunks;4;--json"
+  "-DFIELDS=ppl;tokens;chunks;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.bench_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--prompt-tokens;64;--gen-tokens;16;--bandwidth-mib;64;--json"
+  "-DFIELDS=prefill_tok_s;decode_tok_s;kv_bytes_per_token;mem_bandwidth_gbs;bandwidth_fraction" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.inspect_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;inspect;--model;${MODELS}/stories260K.bin;--tokenizer;${MODELS}/tok512.bin;--json"
+  "-DFIELDS=dim;n_layers;n_kv_heads;head_dim;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.tokenize_vocab_only_gguf COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;tokenize;--model;${KVSERVE_SHARED_DIR}/vocab/ggml-vocab-llama-spm.gguf;--file;${MODELS}/README.md;--json"
+  "-DFIELDS=tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)

@@ -1,0 +1,171 @@
+// The forward pass: batching several sequences, chunking prefill and decoding
+// token by token all give the logits of one plain pass; quantized weights stay
+// close to their F32 originals.
+#include "engine/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "engine/sampler.h"
+#include "model/synthetic_model.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+const std::string kModels = std::string(KVSERVE_SOURCE_DIR) + "/models";
+
+// Logits of every position of `tokens`, run in chunks of `chunk` tokens.
+std::vector<float> run(Transformer& tf, KvCache& cache, const std::vector<int32_t>& tokens, size_t chunk) {
+  BlockTable table;
+  std::vector<BatchEntry> batch(1);
+  batch[0].table = &table;
+  batch[0].all_logits = true;
+  std::vector<float> all;
+  Logits logits;
+  for (size_t done = 0; done < tokens.size(); done += chunk) {
+    const size_t n = std::min(chunk, tokens.size() - done);
+    EXPECT_TRUE(cache.reserve(table, int32_t(n)));
+    batch[0].tokens = std::span<const int32_t>(tokens.data() + done, n);
+    tf.forward(batch, cache, logits);
+    all.insert(all.end(), logits.values.begin(), logits.values.end());
+  }
+  cache.release(table);
+  return all;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  EXPECT_LE(worst, tol);
+}
+
+class StoriesTransformer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model = Model::load(kModels + "/stories260K.gguf");
+    KvCacheOptions o;
+    o.num_blocks = 128;
+    cache = std::make_unique<KvCache>(model->config(), o);
+    tf = std::make_unique<Transformer>(*model, pool);
+    tokens = model->require_tokenizer().encode("Once upon a time, there was a little dog named Max. He", true);
+  }
+  ThreadPool pool{2};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Transformer> tf;
+  std::vector<int32_t> tokens;
+};
+
+TEST_F(StoriesTransformer, ChunkedPrefillAndDecodeEqualOnePass) {
+  const auto whole = run(*tf, *cache, tokens, tokens.size());
+  expect_close(run(*tf, *cache, tokens, 5), whole, 1e-4f);
+  expect_close(run(*tf, *cache, tokens, 1), whole, 1e-4f);
+}
+
+TEST_F(StoriesTransformer, BatchOfSequencesEqualsSeparateRuns) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      tokens, model->require_tokenizer().encode("Lily", true),
+      model->require_tokenizer().encode("The sun was hot and the sky", true)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) alone.push_back(run(*tf, *cache, p, p.size()));
+
+  // All three prefill in one pass, then one decode token each in one pass.
+  std::vector<BlockTable> tables(prompts.size());
+  std::vector<BatchEntry> batch(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(cache->reserve(tables[i], int32_t(prompts[i].size())));
+    batch[i] = {&tables[i], std::span<const int32_t>(prompts[i].data(), prompts[i].size() - 1), true};
+  }
+  Logits logits;
+  tf->forward(batch, *cache, logits);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int32_t vocab = logits.vocab;
+    std::vector<float> got(logits.row(logits.first_row[i]),
+                           logits.row(logits.first_row[i]) + (prompts[i].size() - 1) * size_t(vocab));
+    std::vector<float> want(alone[i].begin(), alone[i].begin() + long(got.size()));
+    expect_close(got, want, 1e-4f);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i)
+    batch[i] = {&tables[i], std::span<const int32_t>(&prompts[i].back(), 1), false};
+  tf->forward(batch, *cache, logits);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const float* got = logits.last(i, batch);
+    const float* want = alone[i].data() + (prompts[i].size() - 1) * size_t(logits.vocab);
+    expect_close(std::vector<float>(got, got + logits.vocab), std::vector<float>(want, want + logits.vocab), 1e-4f);
+    EXPECT_EQ(tables[i].num_tokens, int32_t(prompts[i].size()));
+    cache->release(tables[i]);
+  }
+}
+
+TEST_F(StoriesTransformer, Fp16CacheStaysCloseToFp32) {
+  KvCacheOptions o;
+  o.num_blocks = 64;
+  o.dtype = KvDType::F16;
+  KvCache half(model->config(), o);
+  expect_close(run(*tf, half, tokens, tokens.size()), run(*tf, *cache, tokens, tokens.size()), 2e-2f);
+}
+
+TEST_F(StoriesTransformer, RejectsPositionsPastContextAndBadTokens) {
+  BlockTable table;
+  std::vector<int32_t> too_long(static_cast<size_t>(model->config().seq_len) + 1, 5);
+  KvCacheOptions o;
+  o.num_blocks = 64;
+  KvCache big(model->config(), o);
+  ASSERT_TRUE(big.reserve(table, int32_t(too_long.size())));
+  std::vector<BatchEntry> batch = {{&table, too_long, false}};
+  Logits logits;
+  EXPECT_THROW(tf->forward(batch, big, logits), Error);
+  std::vector<int32_t> bad = {1, 9999};
+  batch = {{&table, bad, false}};
+  EXPECT_THROW(tf->forward(batch, big, logits), Error);
+  EXPECT_EQ(table.num_tokens, 0);
+}
+
+// The same random weights stored as F32, F16, Q8_0 and Q4_0 (synth draws the
+// floats from one seed before encoding them) give nearly the same logits.
+TEST(QuantizedWeights, LogitsTrackF32) {
+  const std::string dir = ::testing::TempDir();
+  SyntheticModelOptions s;
+  s.dim = 128;
+  s.hidden_dim = 256;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.vocab_size = 96;
+  s.seq_len = 64;
+  std::map<WeightType, std::vector<float>> logits;
+  ThreadPool pool(2);
+  const std::vector<int32_t> tokens = {1, 17, 42, 5, 77, 9, 33, 60};
+  for (WeightType t : {WeightType::F32, WeightType::F16, WeightType::Q8_0, WeightType::Q4_0}) {
+    s.weights = t;
+    const std::string path = dir + "/synth_" + std::string(weight_type_name(t)) + ".gguf";
+    write_synthetic_gguf(path, s);
+    auto model = Model::load(path);
+    EXPECT_EQ(model->weights().layers[0].wq.type, t);
+    KvCache cache(model->config(), KvCacheOptions{});
+    Transformer tf(*model, pool);
+    logits[t] = run(tf, cache, tokens, tokens.size());
+    std::filesystem::remove(path);
+  }
+  auto rel_err = [&](WeightType t) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < logits[t].size(); ++i) {
+      num += std::pow(logits[t][i] - logits[WeightType::F32][i], 2);
+      den += std::pow(logits[WeightType::F32][i], 2);
+    }
+    return std::sqrt(num / den);
+  };
+  // Bounds from the formats' resolution: fp16 ~2^-11, 8-bit ~1%, 4-bit ~15%
+  // relative error per weight, partly averaging out over a dot product.
+  EXPECT_LT(rel_err(WeightType::F16), 2e-3);
+  EXPECT_LT(rel_err(WeightType::Q8_0), 3e-2);
+  EXPECT_LT(rel_err(WeightType::Q4_0), 0.3);
+  EXPECT_GT(rel_err(WeightType::Q4_0), rel_err(WeightType::Q8_0));
+}
+
+}  // namespace
+}  // namespace kvserve
