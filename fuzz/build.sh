@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the checkpoint-reader fuzz target with clang + libFuzzer + ASan/UBSan,
+# apart from the CMake build, and writes its seed corpus. See fuzz/README.md.
+#
+#   fuzz/build.sh [BUILD_DIR]       (default: build-fuzz/ in the source tree)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/build-fuzz}
+cxx=${CXX:-clang++-14}
+mkdir -p "$out"
+
+# Only what the readers need; nothing from the kernels' hot paths.
+srcs=(
+  src/model/gguf_reader.cpp src/model/model.cpp src/model/model_config.cpp
+  src/model/tokenizer.cpp src/model/unicode_text.cpp src/model/gguf_writer.cpp
+  src/model/synthetic_model.cpp src/util/mapped_file.cpp
+  src/kernels/weight_matrix.cpp src/kernels/weight_quantize.cpp
+)
+common=(-std=c++20 -g -O1 -march=native -I"$root/src")
+libs=(-lfmt -licuuc)
+
+cd "$root"
+"$cxx" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  -fno-omit-frame-pointer fuzz/checkpoint_fuzz.cpp "${srcs[@]}" "${libs[@]}" -o "$out/checkpoint_fuzz"
+"$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/checkpoint_fuzz.cpp "${srcs[@]}" "${libs[@]}" \
+  -o "$out/checkpoint_fuzz_seeds"
+rm -rf "$out/seeds"
+"$out/checkpoint_fuzz_seeds" "$root" "$out/seeds"
+echo "built $out/checkpoint_fuzz; seeds in $out/seeds/{gguf,llama2c}"

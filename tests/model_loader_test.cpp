@@ -1,0 +1,490 @@
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "model/gguf_reader.h"
+#include "model/gguf_writer.h"
+#include "model/synthetic_model.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+const std::string kStoriesBin = KVSERVE_SOURCE_DIR "/models/stories260K.bin";
+const std::string kStoriesGguf = KVSERVE_SOURCE_DIR "/models/stories260K.gguf";
+const std::string kTok512 = KVSERVE_SOURCE_DIR "/models/tok512.bin";
+const std::string kVocabOnlyGguf = KVSERVE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
+constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
+
+std::string temp_path(const std::string& name) { return testing::TempDir() + "kvserve_loader_" + name; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out) << "cannot write " << path;
+}
+
+template <class F>
+void expect_error_containing(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << needle << "'";
+  }
+}
+
+// The seven header fields of a llama2.c legacy checkpoint, in file order.
+struct Llama2cHeader {
+  int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+};
+
+// Floats a llama2.c file of header h holds after the header.
+int64_t llama2c_floats(const Llama2cHeader& h) {
+  const int64_t dim = h.dim, kv_dim = int64_t(h.dim) / h.n_heads * h.n_kv_heads;
+  const int64_t vocab = h.vocab_size < 0 ? -int64_t(h.vocab_size) : h.vocab_size;
+  const int64_t per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * h.hidden_dim;
+  return vocab * dim * (h.vocab_size < 0 ? 2 : 1) + h.n_layers * per_layer + dim +
+         int64_t(h.seq_len) * (dim / h.n_heads);
+}
+
+// A llama2.c file: header, then float i = i * 0.001 (so every weight is
+// distinct and its position is recoverable from its value).
+std::string llama2c_file(const Llama2cHeader& h, int64_t floats) {
+  std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+  for (int64_t i = 0; i < floats; ++i) {
+    const float v = float(i) * 0.001f;
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  return out;
+}
+
+std::string with_header(std::string file, const Llama2cHeader& h) {
+  std::memcpy(file.data(), &h, sizeof h);
+  return file;
+}
+
+Llama2cHeader stories_header() { return {64, 172, 5, 8, 4, 512, 512}; }
+
+// A header-sized file and nothing more, for header validation alone.
+void expect_llama2c_error(const std::string& name, const Llama2cHeader& h, const std::string& needle) {
+  const std::string path = temp_path(name);
+  write_all(path, std::string(reinterpret_cast<const char*>(&h), sizeof h));
+  expect_error_containing([&] { (void)Model::load(path); }, needle);
+}
+
+std::vector<float> row(const WeightMatrix& m, int64_t r) {
+  std::vector<float> out(size_t(m.cols));
+  dequantize_row(m, r, out.data());
+  return out;
+}
+
+// ---- the real llama2.c checkpoint -------------------------------------------
+
+TEST(ModelLoader, LoadsStories260KBin) {
+  auto m = Model::load(kStoriesBin, kTok512);
+  EXPECT_EQ(m->format(), CheckpointFormat::Llama2c);
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.hidden_dim, 172);
+  EXPECT_EQ(c.n_layers, 5);
+  EXPECT_EQ(c.n_heads, 8);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.seq_len, 512);
+  EXPECT_EQ(c.head_dim(), 8);
+  EXPECT_EQ(c.kv_dim(), 32);
+  const Weights& w = m->weights();
+  EXPECT_EQ(w.classifier.data, w.token_embedding.data);  // shared classifier
+  ASSERT_EQ(w.layers.size(), 5u);
+  EXPECT_EQ(w.layers[0].wk.rows, 32);
+  EXPECT_EQ(w.layers[0].w_down.cols, 172);
+  ASSERT_NE(m->tokenizer(), nullptr);
+  EXPECT_EQ(m->tokenizer()->vocab_size(), 512);
+  EXPECT_EQ(llama2c_floats(stories_header()) * 4 + int64_t(kHeaderBytes), int64_t(read_all(kStoriesBin).size()));
+
+  // Without a tokenizer a llama2.c checkpoint has none, and says how to give one.
+  auto bare = Model::load(kStoriesBin);
+  EXPECT_EQ(bare->tokenizer(), nullptr);
+  expect_error_containing([&] { (void)bare->require_tokenizer(); }, "pass --tokenizer");
+}
+
+TEST(ModelLoader, GgufAndBinHoldIdenticalWeights) {
+  auto bin = Model::load(kStoriesBin);
+  auto gguf = Model::load(kStoriesGguf);
+  EXPECT_EQ(gguf->format(), CheckpointFormat::Gguf);
+  const ModelConfig& a = bin->config();
+  const ModelConfig& b = gguf->config();
+  EXPECT_EQ(std::tie(a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.seq_len),
+            std::tie(b.dim, b.hidden_dim, b.n_layers, b.n_heads, b.n_kv_heads, b.vocab_size, b.seq_len));
+  ASSERT_NE(gguf->tokenizer(), nullptr);
+  EXPECT_EQ(gguf->tokenizer()->vocab_size(), 512);
+
+  const Weights& x = bin->weights();
+  const Weights& y = gguf->weights();
+  EXPECT_EQ(row(x.token_embedding, 5), row(y.token_embedding, 5));
+  EXPECT_EQ(row(x.token_embedding, 511), row(y.token_embedding, 511));
+  EXPECT_EQ(row(x.classifier, 100), row(y.classifier, 100));
+  for (int l : {0, 2, 4}) {
+    EXPECT_EQ(row(x.layers[l].wk, 3), row(y.layers[l].wk, 3)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].wq, 7), row(y.layers[l].wq, 7)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].wv, 31), row(y.layers[l].wv, 31)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].wo, 0), row(y.layers[l].wo, 0)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].w_gate, 171), row(y.layers[l].w_gate, 171)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].w_down, 63), row(y.layers[l].w_down, 63)) << "layer " << l;
+    EXPECT_EQ(row(x.layers[l].w_up, 1), row(y.layers[l].w_up, 1)) << "layer " << l;
+    EXPECT_EQ(std::memcmp(x.layers[l].attn_norm, y.layers[l].attn_norm, 64 * 4), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(x.layers[l].ffn_norm, y.layers[l].ffn_norm, 64 * 4), 0) << "layer " << l;
+  }
+  EXPECT_EQ(std::memcmp(x.final_norm, y.final_norm, 64 * 4), 0);
+  EXPECT_EQ(x.bytes(), y.bytes() - y.classifier.bytes());  // the GGUF stores output.weight apart
+}
+
+// ---- malformed llama2.c checkpoints ------------------------------------------
+
+TEST(ModelLoader, TruncatedBinNamesTruncation) {
+  const std::string full = read_all(kStoriesBin);
+  const std::string path = temp_path("trunc.bin");
+  for (size_t n : {size_t(0), size_t(3)}) {
+    write_all(path, full.substr(0, n));
+    expect_error_containing([&] { (void)Model::load(path); }, "too small");
+  }
+  for (size_t n : {size_t(4), size_t(27)}) {
+    write_all(path, full.substr(0, n));
+    expect_error_containing([&] { (void)Model::load(path); }, "too small for a llama2.c header");
+  }
+  const int64_t floats = llama2c_floats(stories_header());
+  for (size_t n : {kHeaderBytes, kHeaderBytes + 1000, full.size() / 2, full.size() - 4, full.size() - 1}) {
+    write_all(path, full.substr(0, n));
+    expect_error_containing([&] { (void)Model::load(path); },
+                            "truncated llama2.c checkpoint: header implies " + std::to_string(floats) + " floats");
+  }
+  write_all(path, full + "extra");
+  EXPECT_NO_THROW(Model::load(path));
+}
+
+TEST(ModelLoader, RejectsBadHeaderSizes) {
+  struct Case {
+    const char* name;
+    Llama2cHeader h;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"dim0", {0, 172, 5, 8, 4, 512, 512}, "dim = 0 is out of range"},
+      {"dimneg", {-64, 172, 5, 8, 4, 512, 512}, "dim = -64 is out of range"},
+      {"dimhuge", {INT32_MAX, 172, 5, 8, 4, 512, 512}, "dim = 2147483647 is out of range"},
+      {"hidden0", {64, 0, 5, 8, 4, 512, 512}, "hidden_dim = 0 is out of range"},
+      {"hiddenhuge", {64, 1 << 30, 5, 8, 4, 512, 512}, "hidden_dim = 1073741824 is out of range"},
+      {"layersneg", {64, 172, -1, 8, 4, 512, 512}, "n_layers = -1 is out of range"},
+      {"layershuge", {64, 172, 100000, 8, 4, 512, 512}, "n_layers = 100000 is out of range"},
+      {"heads0", {64, 172, 5, 0, 4, 512, 512}, "n_heads = 0 is out of range"},
+      {"kvheads0", {64, 172, 5, 8, 0, 512, 512}, "n_kv_heads = 0 is out of range"},
+      {"vocab0", {64, 172, 5, 8, 4, 0, 512}, "vocab_size = 0 is out of range"},
+      {"vocabmin", {64, 172, 5, 8, 4, INT32_MIN, 512}, "vocab_size = 0 is out of range"},
+      {"vocabhuge", {64, 172, 5, 8, 4, INT32_MAX, 512}, "vocab_size = 2147483647 is out of range"},
+      {"vocabneghuge", {64, 172, 5, 8, 4, -INT32_MAX, 512}, "vocab_size = 2147483647 is out of range"},
+      {"seq0", {64, 172, 5, 8, 4, 512, 0}, "seq_len = 0 is out of range"},
+      {"seqneg", {64, 172, 5, 8, 4, 512, -512}, "seq_len = -512 is out of range"},
+      {"headsdiv", {64, 172, 5, 6, 3, 512, 512}, "dim 64 is not a multiple of n_heads 6"},
+      {"kvdiv", {64, 172, 5, 8, 3, 512, 512}, "n_heads 8 is not a multiple of n_kv_heads 3"},
+      {"oddhead", {72, 172, 5, 8, 4, 512, 512}, "head dimension 9 is odd"},
+      // Every field in range, their product far beyond the 28-byte file.
+      {"allmax", {1 << 16, 1 << 18, 1024, 1024, 1024, 1 << 22, 1 << 24}, "truncated llama2.c checkpoint"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_llama2c_error(std::string(c.name) + ".bin", c.h, c.needle);
+  }
+  expect_llama2c_error("ak42.bin", {0x616b3432, 1, 64, 172, 5, 8, 4}, "versioned export (magic 'ak42')");
+}
+
+TEST(ModelLoader, SeparateClassifierLoadsItsOwnWeights) {
+  // stories260K with a negative vocab size and a classifier appended.
+  Llama2cHeader h = stories_header();
+  h.vocab_size = -512;
+  std::string file = with_header(read_all(kStoriesBin), h);
+  std::vector<float> classifier(512 * 64);
+  for (size_t i = 0; i < classifier.size(); ++i) classifier[i] = float(i % 1000) * -0.5f;
+  file.append(reinterpret_cast<const char*>(classifier.data()), classifier.size() * sizeof(float));
+  const std::string path = temp_path("classifier.bin");
+  write_all(path, file);
+
+  auto m = Model::load(path, kTok512);
+  EXPECT_EQ(m->config().vocab_size, 512);
+  const Weights& w = m->weights();
+  EXPECT_NE(w.classifier.data, w.token_embedding.data);
+  EXPECT_EQ(w.classifier.rows, 512);
+  EXPECT_EQ(w.classifier.cols, 64);
+  EXPECT_EQ(std::memcmp(w.classifier.data, classifier.data(), classifier.size() * sizeof(float)), 0);
+  auto shared = Model::load(kStoriesBin);
+  EXPECT_EQ(row(w.token_embedding, 5), row(shared->weights().token_embedding, 5));
+  EXPECT_EQ(w.bytes(), shared->weights().bytes() + classifier.size() * sizeof(float));
+
+  // Without the appended classifier the same header is a truncated file.
+  write_all(path, with_header(read_all(kStoriesBin), h));
+  expect_error_containing([&] { (void)Model::load(path); }, "truncated llama2.c checkpoint");
+}
+
+TEST(ModelLoader, SyntheticLlama2cFileLaysOutSectionsInOrder) {
+  const Llama2cHeader h = {8, 16, 2, 2, 1, 6, 4};  // head 4, kv_dim 4
+  const std::string path = temp_path("tiny.bin");
+  write_all(path, llama2c_file(h, llama2c_floats(h)));
+  auto m = Model::load(path);
+  const Weights& w = m->weights();
+  auto at = [](const float* p) { return int64_t(std::lround(double(*p) / 0.001)); };
+  auto first = [&](const WeightMatrix& x) { return at(static_cast<const float*>(x.data)); };
+  // token_embedding 6*8, attn_norm 2*8, wq 2*64, wk 2*32, wv 2*32, wo 2*64,
+  // ffn_norm 2*8, w1 2*128, w2 2*128, w3 2*128, final_norm 8.
+  EXPECT_EQ(first(w.token_embedding), 0);
+  EXPECT_EQ(at(w.layers[1].attn_norm), 48 + 8);
+  EXPECT_EQ(first(w.layers[0].wq), 64);
+  EXPECT_EQ(first(w.layers[1].wk), 64 + 128 + 32);
+  EXPECT_EQ(first(w.layers[0].wv), 256);
+  EXPECT_EQ(first(w.layers[0].wo), 320);
+  EXPECT_EQ(at(w.layers[0].ffn_norm), 448);
+  EXPECT_EQ(first(w.layers[0].w_gate), 464);
+  EXPECT_EQ(first(w.layers[0].w_down), 720);
+  EXPECT_EQ(first(w.layers[1].w_up), 976 + 128);
+  EXPECT_EQ(at(w.final_norm), 1232);
+  EXPECT_EQ(w.classifier.data, w.token_embedding.data);
+  EXPECT_EQ(llama2c_floats(h), 1232 + 8 + 4 * 4);
+}
+
+// Random header values on a tiny llama2.c file: each loads or throws
+// kvserve::Error, and what loads fits inside the file.
+TEST(ModelLoader, RandomLlama2cHeadersLoadOrThrowError) {
+  const Llama2cHeader h = {8, 16, 2, 2, 1, 6, 4};
+  const std::string body = llama2c_file(h, llama2c_floats(h) + 64);
+  const int32_t interesting[] = {0, 1, 2, 3, 4, 6, 8, 16, -1, -6, INT32_MIN, INT32_MAX, 1 << 16, 1 << 22};
+  std::mt19937_64 rng(77);
+  const std::string path = temp_path("random_header.bin");
+  int loaded = 0, rejected = 0;
+  constexpr int kIterations = 2000;
+  for (int it = 0; it < kIterations; ++it) {
+    std::string bytes = body;
+    const int changes = 1 + int(rng() % 3);
+    for (int k = 0; k < changes; ++k) {
+      const int32_t v = rng() % 2 ? interesting[rng() % std::size(interesting)] : int32_t(rng() % 33) - 8;
+      std::memcpy(&bytes[4 * (rng() % 7)], &v, 4);
+    }
+    write_all(path, bytes);
+    try {
+      auto m = Model::load(path);
+      const Weights& w = m->weights();
+      const auto* begin = reinterpret_cast<const uint8_t*>(w.token_embedding.data) - kHeaderBytes;
+      const auto* end = begin + bytes.size();
+      auto inside = [&](const void* p, size_t n) {
+        const auto* q = static_cast<const uint8_t*>(p);
+        return q >= begin && q + n <= end;
+      };
+      EXPECT_TRUE(inside(w.classifier.data, w.classifier.bytes())) << "iteration " << it;
+      EXPECT_TRUE(inside(w.final_norm, size_t(m->config().dim) * 4)) << "iteration " << it;
+      for (const auto& l : w.layers) EXPECT_TRUE(inside(l.w_up.data, l.w_up.bytes())) << "iteration " << it;
+      ++loaded;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "iteration " << it << ": non-kvserve exception: " << e.what();
+    }
+  }
+  std::cout << "[ headers  ] " << loaded << " loaded, " << rejected << " rejected of " << kIterations << "\n";
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(rejected, 0);
+}
+
+// ---- GGUF checkpoints -------------------------------------------------------
+
+TEST(ModelLoader, VocabOnlyGgufHasNoTensors) {
+  expect_error_containing([] { (void)Model::load(kVocabOnlyGguf); }, "no tensors");
+}
+
+TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
+  for (WeightType t : {WeightType::F32, WeightType::F16, WeightType::Q8_0, WeightType::Q4_0}) {
+    SCOPED_TRACE(std::string(weight_type_name(t)));
+    SyntheticModelOptions o;
+    o.dim = 64;
+    o.hidden_dim = 96;
+    o.n_layers = 2;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.vocab_size = 40;
+    o.seq_len = 64;
+    o.weights = t;
+    const std::string path = temp_path("synth_" + std::string(weight_type_name(t)) + ".gguf");
+    write_synthetic_gguf(path, o);
+    auto m = Model::load(path);
+    const ModelConfig& c = m->config();
+    EXPECT_EQ(c.dim, 64);
+    EXPECT_EQ(c.hidden_dim, 96);
+    EXPECT_EQ(c.n_layers, 2);
+    EXPECT_EQ(c.kv_dim(), 32);
+    EXPECT_EQ(c.vocab_size, 40);
+    EXPECT_EQ(c.seq_len, 64);
+    const Weights& w = m->weights();
+    EXPECT_EQ(w.token_embedding.type, t);
+    EXPECT_EQ(w.classifier.type, t);
+    EXPECT_NE(w.classifier.data, w.token_embedding.data);
+    for (const auto& l : w.layers) {
+      EXPECT_EQ(l.wq.type, t);
+      EXPECT_EQ(l.wk.type, t);
+      EXPECT_EQ(l.w_down.type, t);
+      EXPECT_EQ(l.w_down.cols, 96);
+    }
+    ASSERT_NE(m->tokenizer(), nullptr);
+    EXPECT_EQ(m->tokenizer()->vocab_size(), 40);
+  }
+}
+
+// A GGUF `llama` checkpoint with tensors of the given shapes, no vocabulary.
+struct TinyGguf {
+  int64_t dim = 8, hidden = 16, layers = 1, heads = 2, kv_heads = 1, vocab = 4, seq = 16;
+  std::vector<int64_t> wk_dims;  // empty: the right {dim, kv_dim}
+
+  void write(const std::string& path, GgufWriter w = GgufWriter()) const {
+    w.set_string("general.architecture", "llama");
+    w.set_u32("llama.embedding_length", uint32_t(dim));
+    w.set_u32("llama.feed_forward_length", uint32_t(hidden));
+    w.set_u32("llama.block_count", uint32_t(layers));
+    w.set_u32("llama.attention.head_count", uint32_t(heads));
+    w.set_u32("llama.attention.head_count_kv", uint32_t(kv_heads));
+    w.set_u32("llama.context_length", uint32_t(seq));
+    const int64_t kv = dim / heads * kv_heads;
+    auto f32 = [&](const std::string& name, std::vector<int64_t> dims) {
+      int64_t n = 1;
+      for (int64_t d : dims) n *= d;
+      w.add_tensor(name, dims, GgmlType::F32, std::vector<uint8_t>(size_t(n) * 4, 0));
+    };
+    f32("token_embd.weight", {dim, vocab});
+    f32("output_norm.weight", {dim});
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      f32(p + "attn_norm.weight", {dim});
+      f32(p + "attn_q.weight", {dim, dim});
+      f32(p + "attn_k.weight", wk_dims.empty() ? std::vector<int64_t>{dim, kv} : wk_dims);
+      f32(p + "attn_v.weight", {dim, kv});
+      f32(p + "attn_output.weight", {dim, dim});
+      f32(p + "ffn_norm.weight", {dim});
+      f32(p + "ffn_gate.weight", {dim, hidden});
+      f32(p + "ffn_down.weight", {hidden, dim});
+      f32(p + "ffn_up.weight", {dim, hidden});
+    }
+    w.write(path);
+  }
+};
+
+TEST(ModelLoader, TinyGgufLoadsAndSharesItsEmbedding) {
+  const std::string path = temp_path("tiny.gguf");
+  TinyGguf().write(path);
+  auto m = Model::load(path);
+  EXPECT_EQ(m->config().vocab_size, 4);
+  EXPECT_EQ(m->weights().classifier.data, m->weights().token_embedding.data);  // no output.weight
+  EXPECT_EQ(m->tokenizer(), nullptr);
+}
+
+TEST(ModelLoader, GgufWithWrongShapeNamesTheTensor) {
+  TinyGguf g;
+  g.wk_dims = {8, 8};
+  const std::string path = temp_path("wrongshape.gguf");
+  g.write(path);
+  expect_error_containing([&] { (void)Model::load(path); }, "tensor 'blk.0.attn_k.weight' has shape [8, 8], expected [8, 4]");
+}
+
+TEST(ModelLoader, GgufConfigErrors) {
+  auto expect_config_error = [](const std::string& name, GgufWriter extra, TinyGguf g, const std::string& needle) {
+    const std::string path = temp_path(name);
+    g.write(path, std::move(extra));
+    expect_error_containing([&] { (void)Model::load(path); }, needle);
+  };
+  TinyGguf bad_heads;
+  bad_heads.heads = 3;
+  expect_config_error("heads.gguf", GgufWriter(), bad_heads, "dim 8 is not a multiple of n_heads 3");
+  TinyGguf zero_seq;
+  zero_seq.seq = 0;
+  expect_config_error("seq0.gguf", GgufWriter(), zero_seq, "seq_len = 0 is out of range");
+  // 2^32 - 1 does not fit ModelConfig's int32 fields; it must not wrap to -1.
+  GgufWriter big_vocab;
+  big_vocab.set_u32("llama.vocab_size", 0xFFFFFFFFu);
+  expect_config_error("bigvocab.gguf", big_vocab, TinyGguf(), "'llama.vocab_size' = 4294967295 is out of range");
+  GgufWriter twice;
+  twice.set_string("general.architecture", "gpt2");
+  expect_config_error("dupkey.gguf", twice, TinyGguf(), "duplicate metadata key 'general.architecture'");
+  GgufWriter rope;
+  rope.set_u32("llama.rope.dimension_count", 2);
+  expect_config_error("rope.gguf", rope, TinyGguf(), "partial rotary embedding (2 of 4 dims)");
+  GgufWriter eps;
+  eps.set_f32("llama.attention.layer_norm_rms_epsilon", 0.0f);
+  expect_config_error("eps.gguf", eps, TinyGguf(), "norm_eps and rope_theta must be positive");
+}
+
+TEST(ModelLoader, GgufArchitectureIsChecked) {
+  GgufWriter w;
+  w.set_string("general.architecture", "gpt2");
+  w.add_tensor("x", {4}, GgmlType::F32, std::vector<uint8_t>(16, 0));
+  const std::string path = temp_path("gpt2arch.gguf");
+  w.write(path);
+  expect_error_containing([&] { (void)Model::load(path); }, "architecture 'gpt2' is not supported");
+  GgufWriter none;
+  none.add_tensor("x", {4}, GgmlType::F32, std::vector<uint8_t>(16, 0));
+  none.write(path);
+  expect_error_containing([&] { (void)Model::load(path); }, "missing general.architecture");
+}
+
+// ---- tokenizer files --------------------------------------------------------
+
+TEST(ModelLoader, TruncatedTokenizerIsAnError) {
+  const std::string tok = read_all(kTok512);
+  const std::string path = temp_path("tok_trunc.bin");
+  for (size_t n : {size_t(0), size_t(2), size_t(4), size_t(100), tok.size() / 2, tok.size() - 1}) {
+    SCOPED_TRACE(n);
+    write_all(path, tok.substr(0, n));
+    expect_error_containing([&] { (void)Model::load(kStoriesBin, path); }, "truncated tokenizer file");
+  }
+  std::string zero_len = tok;
+  const int32_t zero = 0;
+  std::memcpy(zero_len.data(), &zero, 4);
+  write_all(path, zero_len);
+  expect_error_containing([&] { (void)Model::load(kStoriesBin, path); }, "max_token_length 0 must be positive");
+  std::string long_token = tok;
+  const int32_t huge = INT32_MAX;
+  std::memcpy(long_token.data() + 4 + 4, &huge, 4);  // token 0's length
+  write_all(path, long_token);
+  expect_error_containing([&] { (void)Model::load(kStoriesBin, path); }, "token 0 has length 2147483647");
+  expect_error_containing([&] { (void)Model::load(kStoriesBin, temp_path("no_such_tokenizer.bin")); },
+                          "cannot open");
+}
+
+TEST(ModelLoader, TokenizerVocabSizeMismatchIsAnError) {
+  // A 32000-token GGUF vocabulary for a 512-token model.
+  expect_error_containing([] { (void)Model::load(kStoriesBin, kVocabOnlyGguf); },
+                          "tokenizer has 32000 tokens but the model's vocabulary is 512");
+  // tok512.bin read as the tokenizer of a 256-token model leaves bytes over.
+  Llama2cHeader h = stories_header();
+  h.vocab_size = 256;
+  const std::string path = temp_path("vocab256.bin");
+  write_all(path, with_header(read_all(kStoriesBin), h));
+  expect_error_containing([&] { (void)Model::load(path, kTok512); }, "bytes follow the 256 tokens");
+  // ... and as that of a 600-token model runs out.
+  h.vocab_size = 600;
+  write_all(path, with_header(read_all(kStoriesBin) + std::string(88 * 64 * 4, '\0'), h));
+  expect_error_containing([&] { (void)Model::load(path, kTok512); }, "truncated tokenizer file: token 512 of 600");
+}
+
+}  // namespace
+}  // namespace kvserve
