@@ -64,9 +64,9 @@ TEST(KvCache, BytesPerTokenIsExact) {
   const ModelConfig c = stories_shape();
   // 5 layers x (K + V) x 4 KV heads x 8 dims.
   KvCacheOptions o;
-  o.dtype = KvDType::F32;
+  o.set_dtype(KvDType::F32);
   EXPECT_EQ(KvCache(c, o).stats().bytes_per_token, 5 * 2 * 4 * 8 * 4);
-  o.dtype = KvDType::F16;
+  o.set_dtype(KvDType::F16);
   EXPECT_EQ(KvCache(c, o).stats().bytes_per_token, 5 * 2 * 4 * 8 * 2);
 }
 
@@ -133,7 +133,7 @@ TEST(KvCache, ReserveAllocatesBlocksAsTokensArriveAndAccountsFragmentation) {
   EXPECT_EQ(s.tokens_stored, 0);
 }
 
-TEST(KvCache, WritePlacesEachHeadInItsSlabSlot) {
+TEST(KvCache, WritePlacesTokensInTheirBlockSlot) {
   const ModelConfig c = stories_shape();
   KvCacheOptions o;
   o.block_size = 4;
@@ -143,68 +143,95 @@ TEST(KvCache, WritePlacesEachHeadInItsSlabSlot) {
   ASSERT_TRUE(cache.reserve(t, 4));  // block 0
   BlockTable u;
   ASSERT_TRUE(cache.reserve(u, 6));  // blocks 1, 2
+  EXPECT_EQ(u.blocks, (std::vector<int32_t>{1, 2}));
   std::vector<float> k(static_cast<size_t>(c.kv_dim())), v(static_cast<size_t>(c.kv_dim()));
   for (int i = 0; i < c.kv_dim(); ++i) k[size_t(i)] = float(i), v[size_t(i)] = float(-i);
-  cache.write(3, u, 5, k.data(), v.data());  // block 2, slot 1
-  std::vector<float> out(8);
-  for (int h = 0; h < c.n_kv_heads; ++h) {
-    cache.k_codec(3).decode(cache.k_slab(3, u.blocks[1], h), 1, out.data(), 8);
-    for (int d = 0; d < 8; ++d) EXPECT_EQ(out[size_t(d)], float(h * 8 + d));
-    cache.v_codec(3).decode(cache.v_slab(3, u.blocks[1], h), 1, out.data(), 8);
-    for (int d = 0; d < 8; ++d) EXPECT_EQ(out[size_t(d)], float(-(h * 8 + d)));
-    // Other layers and slots stay zero.
-    cache.k_codec(2).decode(cache.k_slab(2, u.blocks[1], h), 1, out.data(), 8);
-    for (int d = 0; d < 8; ++d) EXPECT_EQ(out[size_t(d)], 0.0f);
-  }
+  cache.write(3, u, 5, k.data(), v.data());  // logical block 1 = block 2, slot 1
+  std::vector<float> out(static_cast<size_t>(c.kv_dim()));
+  KvBlockView kv = cache.k_view(3, u, 1, 6);
+  kv.codec->decode_token(kv.data, 1, out.data());
+  EXPECT_EQ(out, k);
+  KvBlockView vv = cache.v_view(3, u, 1, 6);
+  vv.codec->decode_token(vv.data, 1, out.data());
+  EXPECT_EQ(out, v);
+  // Other layers and slots stay zero.
+  KvBlockView other = cache.k_view(2, u, 1, 6);
+  other.codec->decode_token(other.data, 1, out.data());
+  EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
+  other = cache.k_view(3, u, 1, 6);
+  other.codec->decode_token(other.data, 0, out.data());
+  EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
 }
 
-TEST(KvCodec, Fp16RoundTripWithinHalfPrecision) {
-  const KvCodec& codec = kv_codec(KvDType::F16);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> n(0.0f, 3.0f);
-  std::vector<uint8_t> slab(codec.slab_bytes(16, 64));
-  std::vector<float> x(64), y(64);
-  for (int slot = 0; slot < 16; ++slot) {
-    for (auto& v : x) v = n(rng);
-    codec.encode(slab.data(), slot, x.data(), 64);
-    codec.decode(slab.data(), slot, y.data(), 64);
-    // fp16 has an 11-bit significand: relative error <= 2^-11.
-    for (int d = 0; d < 64; ++d) EXPECT_LE(std::fabs(y[size_t(d)] - x[size_t(d)]), std::fabs(x[size_t(d)]) * 4.9e-4f);
-  }
-}
-
-TEST(KvCodec, ScoreAndAccumulateMatchReference) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (KvDType dt : {KvDType::F32, KvDType::F16}) {
-    const KvCodec& codec = kv_codec(dt);
-    for (int head_dim : {8, 64, 72}) {
-      const int bs = 16, n_q = 3, count = 13, stride = 20;
-      std::vector<uint8_t> slab(codec.slab_bytes(bs, head_dim));
-      std::vector<float> x(static_cast<size_t>(head_dim));
-      for (int t = 0; t < bs; ++t) {
-        for (auto& v : x) v = n(rng);
-        codec.encode(slab.data(), t, x.data(), head_dim);
-      }
-      std::vector<float> q(static_cast<size_t>(n_q * head_dim));
-      for (auto& v : q) v = n(rng);
-      std::vector<float> s1(static_cast<size_t>(n_q * stride)), s2(static_cast<size_t>(n_q * stride));
-      codec.score(q.data(), n_q, slab.data(), count, head_dim, 0.125f, s1.data(), stride);
-      score_reference(codec, q.data(), n_q, slab.data(), count, head_dim, 0.125f, s2.data(), stride);
-      for (int i = 0; i < n_q; ++i)
-        for (int t = 0; t < count; ++t) EXPECT_NEAR(s1[size_t(i * stride + t)], s2[size_t(i * stride + t)], 1e-4);
-      std::vector<float> o1(static_cast<size_t>(n_q * head_dim), 0.5f), o2(o1);
-      codec.accumulate(s1.data(), n_q, stride, slab.data(), count, head_dim, o1.data());
-      accumulate_reference(codec, s1.data(), n_q, stride, slab.data(), count, head_dim, o2.data());
-      for (size_t i = 0; i < o1.size(); ++i) EXPECT_NEAR(o1[i], o2[i], 1e-4);
+TEST(KvCache, ResidualWindowStagesRecentTokensAndEncodesFullBlocks) {
+  const ModelConfig c = stories_shape();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 8;
+  o.set_dtype(KvDType::INT8);
+  o.residual = 8;  // two blocks: a full block waits for four newer tokens
+  KvCache cache(c, o);
+  EXPECT_EQ(cache.sealed_blocks(3), 0);
+  EXPECT_EQ(cache.sealed_blocks(7), 0);
+  EXPECT_EQ(cache.sealed_blocks(8), 1);
+  EXPECT_EQ(cache.sealed_blocks(12), 2);
+  BlockTable t;
+  ASSERT_TRUE(cache.reserve(t, 9));
+  EXPECT_EQ(t.staging, (std::vector<int32_t>{0, 1, 2}));
+  std::vector<float> k(static_cast<size_t>(c.kv_dim())), v(k.size());
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    for (int pos = 0; pos < 9; ++pos) {
+      for (size_t i = 0; i < k.size(); ++i) k[i] = float(pos) + 0.01f * float(i), v[i] = -k[i];
+      cache.write(layer, t, pos, k.data(), v.data());
     }
+    cache.seal(layer, t, 9);
   }
+  cache.commit(t, 9);
+  // Block 0 is encoded and its staging slot came back; blocks 1 and 2 are in FP16.
+  EXPECT_EQ(t.staging, (std::vector<int32_t>{-1, 1, 2}));
+  KvStats s = cache.stats();
+  EXPECT_EQ(s.staging_used, 2);
+  EXPECT_EQ(s.residual, 8);
+  EXPECT_EQ(s.bytes_used, 3 * s.bytes_per_block + 2 * s.staging_bytes_per_block);
+  // Attention for a query seeing all 9 tokens reads block 0 as INT8, block 1 as FP16.
+  EXPECT_EQ(cache.k_view(0, t, 0, 9).codec->dtype(), KvDType::INT8);
+  EXPECT_EQ(cache.k_view(0, t, 1, 9).codec->dtype(), KvDType::F16);
+  // A query at position 5 (n_ctx 6) saw block 0 still in FP16.
+  EXPECT_EQ(cache.k_view(0, t, 0, 6).codec->dtype(), KvDType::F16);
+  std::vector<float> out(k.size());
+  KvBlockView view = cache.k_view(4, t, 0, 9);
+  view.codec->decode_token(view.data, 2, out.data());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], 2.0f + 0.01f * float(i), 0.02f);
+  cache.release(t);
+  EXPECT_EQ(cache.stats().staging_used, 0);
 }
 
-TEST(KvCodec, ParsesDtypeNames) {
-  EXPECT_EQ(parse_kv_dtype("fp32"), KvDType::F32);
-  EXPECT_EQ(parse_kv_dtype("fp16"), KvDType::F16);
-  EXPECT_THROW(parse_kv_dtype("int3"), Error);
+TEST(KvCache, QuantizedBytesPerTokenIncludeMetadata) {
+  ModelConfig c = stories_shape();  // kv_dim 32, head_dim 8, 5 layers
+  KvCacheOptions o;
+  o.block_size = 16;
+  o.k = {KvDType::INT4, KvGrouping::Channel, 16, {}, {}};
+  o.v = {KvDType::INT4, KvGrouping::Token, 8, {}, {}};
+  KvCache cache(c, o);
+  // K: 16 tokens x 32 codes x 4 bits = 256 bytes + 32 channels x 4 bytes = 384 per block.
+  // V: per token 16 bytes of codes + 4 groups x 4 bytes = 32 bytes -> 512 per block.
+  EXPECT_EQ(cache.stats().bytes_per_block, 5 * (384 + 512));
+  EXPECT_EQ(cache.stats().bytes_per_token, 5 * (384 + 512) / 16);
+}
+
+TEST(KvCache, RejectsInvalidCodecCombinations) {
+  const ModelConfig c = stories_shape();
+  KvCacheOptions o;
+  o.k = {KvDType::INT4, KvGrouping::Channel, 32, {}, {}};  // group larger than the block
+  EXPECT_THROW(KvCache(c, o), Error);
+  o.k = {KvDType::INT4, KvGrouping::Channel, 16, {}, {}};
+  o.residual = 0;  // channel groups need the window
+  EXPECT_THROW(KvCache(c, o), Error);
+  o.residual = 10;  // not a multiple of the block
+  EXPECT_THROW(KvCache(c, o), Error);
+  o = KvCacheOptions{};
+  o.k = {KvDType::INT4, KvGrouping::Token, 3, {}, {}};
+  EXPECT_THROW(KvCache(c, o), Error);
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ TEST_F(StoriesTransformer, BatchOfSequencesEqualsSeparateRuns) {
 TEST_F(StoriesTransformer, Fp16CacheStaysCloseToFp32) {
   KvCacheOptions o;
   o.num_blocks = 64;
-  o.dtype = KvDType::F16;
+  o.set_dtype(KvDType::F16);
   KvCache half(model->config(), o);
   expect_close(run(*tf, half, tokens, tokens.size()), run(*tf, *cache, tokens, tokens.size()), 2e-2f);
 }

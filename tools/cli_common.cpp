@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "kv/kv_calibration.h"
+#include "kv/kv_spec.h"
 #include "util/error.h"
 
 namespace kvserve::cli {
@@ -10,7 +12,21 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   auto* m = cmd.add_option("--model", o.model_path, "checkpoint: GGUF or llama2.c .bin");
   if (model_required) m->required();
   cmd.add_option("--tokenizer", o.tokenizer_path, "tokenizer: llama2.c tokenizer .bin or GGUF (default: from the model)");
-  cmd.add_option("--kv-dtype", o.kv_dtype, "KV cache storage: fp32 | fp16")->capture_default_str();
+  cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int2");
+  cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | int8 | int4 | int2 | q4_0 (default fp32)");
+  cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)");
+  cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)");
+  cmd.add_option("--kv-grouping", o.kv_grouping, "quantization groups for K and V: token | channel");
+  cmd.add_option("--kv-k-grouping", o.kv_k_grouping, "key groups: token | channel");
+  cmd.add_option("--kv-v-grouping", o.kv_v_grouping, "value groups: token | channel");
+  cmd.add_option("--kv-group", o.kv_group, "group size: values (token groups) or tokens (channel groups)");
+  cmd.add_option("--kv-k-group", o.kv_k_group, "key group size");
+  cmd.add_option("--kv-v-group", o.kv_v_group, "value group size");
+  cmd.add_option("--kv-residual", o.kv_residual, "recent tokens kept in FP16 (multiple of the block size; default one block)");
+  cmd.add_flag("--kv-k-pre-rope", o.kv_k_pre_rope, "store keys before RoPE (queries are rotated instead)");
+  cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
+  cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: static with --kv-calibration)");
+  cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"");
   cmd.add_option("--block-size", o.block_size, "KV block size in tokens")->capture_default_str();
   cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context)");
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache capacity in bytes, e.g. 512MiB (instead of --kv-blocks)");
@@ -36,14 +52,47 @@ int64_t parse_bytes(const std::string& text) {
   return int64_t(value * mult);
 }
 
-KvCacheOptions kv_options(const CommonOptions& o) {
+KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   KvCacheOptions k;
   k.block_size = o.block_size;
-  k.dtype = parse_kv_dtype(o.kv_dtype);
+  if (!o.kv_preset.empty()) apply_kv_preset(k, o.kv_preset);
+  if (!o.kv_dtype.empty()) k.set_dtype(parse_kv_dtype(o.kv_dtype));
+  if (!o.kv_k.empty()) k.k.dtype = parse_kv_dtype(o.kv_k);
+  if (!o.kv_v.empty()) k.v.dtype = parse_kv_dtype(o.kv_v);
+  if (!o.kv_grouping.empty()) k.k.grouping = k.v.grouping = parse_kv_grouping(o.kv_grouping);
+  if (!o.kv_k_grouping.empty()) k.k.grouping = parse_kv_grouping(o.kv_k_grouping);
+  if (!o.kv_v_grouping.empty()) k.v.grouping = parse_kv_grouping(o.kv_v_grouping);
+  if (o.kv_group >= 0) k.k.group_size = k.v.group_size = o.kv_group;
+  if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
+  if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
+  if (o.kv_k_pre_rope) k.k.pre_rope = true;
+  if (o.kv_residual != -2) {
+    if (o.kv_residual < 0) fail("--kv-residual must be >= 0 (got {})", o.kv_residual);
+    k.residual = o.kv_residual;
+  }
+  if (!o.kv_scales.empty() && o.kv_scales != "static" && o.kv_scales != "dynamic")
+    fail("--kv-scales must be static or dynamic (got '{}')", o.kv_scales);
+  if (!o.kv_calibration.empty()) {
+    apply_kv_calibration(k, load_kv_calibration(o.kv_calibration), n_layers, o.kv_scales != "dynamic");
+  } else if (o.kv_scales == "static") {
+    fail("--kv-scales static needs --kv-calibration (run `kvserve calibrate` first)");
+  }
+  if (!o.kv_layers.empty()) apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
   if (o.kv_blocks < 0) fail("--kv-blocks must be positive (got {})", o.kv_blocks);
   k.num_blocks = o.kv_blocks;
   if (!o.kv_memory.empty()) k.budget_bytes = parse_bytes(o.kv_memory);
   return k;
+}
+
+std::string kv_description(const KvCacheOptions& o) {
+  auto pair = [](const KvCodecConfig& k, const KvCodecConfig& v) {
+    return k.describe() == v.describe() ? k.describe() : "K " + k.describe() + " V " + v.describe();
+  };
+  if (o.layers.empty()) return pair(o.k, o.v);
+  std::string out;
+  for (size_t l = 0; l < o.layers.size(); ++l)
+    out += (l ? ", " : "") + std::to_string(l) + ":" + pair(o.layers[l].k, o.layers[l].v);
+  return out;
 }
 
 int thread_count(const CommonOptions& o) {
@@ -62,6 +111,8 @@ nlohmann::json kv_stats_json(const KvStats& s) {
       {"kv_bytes_used", s.bytes_used},
       {"kv_bytes_capacity", s.bytes_capacity},
       {"kv_fragmentation", s.fragmentation},
+      {"kv_residual", s.residual},
+      {"kv_staging_used", s.staging_used},
   };
 }
 

@@ -16,7 +16,18 @@ namespace kvserve::cli {
 struct CommonOptions {
   std::string model_path;
   std::string tokenizer_path;
-  std::string kv_dtype = "fp32";
+  // KV configuration, applied in this order: preset, --kv-dtype, --kv-k/--kv-v,
+  // grouping and group sizes, calibration, --kv-layers. Empty = not given.
+  std::string kv_preset;
+  std::string kv_dtype;
+  std::string kv_k, kv_v;
+  std::string kv_grouping, kv_k_grouping, kv_v_grouping;
+  int32_t kv_group = -1, kv_k_group = -1, kv_v_group = -1;
+  int32_t kv_residual = -2;     // -2 = not given
+  bool kv_k_pre_rope = false;
+  std::string kv_calibration;
+  std::string kv_scales;        // static | dynamic (default static when calibrated)
+  std::string kv_layers;
   int32_t block_size = 16;
   int64_t kv_blocks = 0;        // 0 = from --kv-memory, else one full context
   std::string kv_memory;        // e.g. "512MiB"; empty = unset
@@ -31,7 +42,10 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required = t
 // Parses "4096", "512KiB", "64MiB", "2GiB" (also KB/MB/GB as powers of 1000).
 int64_t parse_bytes(const std::string& text);
 
-KvCacheOptions kv_options(const CommonOptions& o);
+// The KV cache options the flags describe. n_layers is the model's.
+KvCacheOptions kv_options(const CommonOptions& o, int n_layers);
+// A short text naming the K/V configuration, for reports.
+std::string kv_description(const KvCacheOptions& o);
 int thread_count(const CommonOptions& o);
 
 // The KV cache accounting as JSON fields (documented in the README).
@@ -44,5 +58,6 @@ void register_bench(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_synth(CLI::App& app);
+void register_calibrate(CLI::App& app);
 
 }  // namespace kvserve::cli

@@ -31,7 +31,7 @@ void run(const BenchArgs& a) {
 
   ThreadPool pool(thread_count(a.common));
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
-  KvCacheOptions kvo = kv_options(a.common);
+  KvCacheOptions kvo = kv_options(a.common, model->config().n_layers);
   if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
   KvCache cache(c, kvo);
   Transformer transformer(*model, pool);
@@ -88,7 +88,7 @@ void run(const BenchArgs& a) {
   j["prompt_tokens"] = a.prompt_tokens;
   j["gen_tokens"] = a.gen_tokens;
   j["threads"] = pool.num_threads();
-  j["kv_dtype"] = a.common.kv_dtype;
+  j["kv_dtype"] = kv_description(cache.options());
   j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -97,7 +97,7 @@ void run(const BenchArgs& a) {
   std::printf("prefill %.1f tok/s | decode %.2f tok/s | %.1f MB read per decode token | bandwidth %.1f GB/s, "
               "decode reaches %.0f%% | KV %lld bytes/token (%s)\n",
               a.prompt_tokens / prefill_s, decode_tok_s, (weight_bytes + kv_bytes) / 1e6, bandwidth,
-              fraction * 100, (long long)kv.bytes_per_token, a.common.kv_dtype.c_str());
+              fraction * 100, (long long)kv.bytes_per_token, kv_description(cache.options()).c_str());
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ namespace {
 void run(const CommonOptions& o) {
   auto model = Model::load(o.model_path, o.tokenizer_path);
   const ModelConfig& c = model->config();
-  KvCache cache(c, kv_options(o));
+  KvCache cache(c, kv_options(o, c.n_layers));
   const KvStats kv = cache.stats();
   const Weights& w = model->weights();
   nlohmann::json j = {
@@ -29,7 +29,7 @@ void run(const CommonOptions& o) {
       {"weight_bytes", w.bytes()},
       {"shared_classifier", w.classifier.data == w.token_embedding.data},
       {"has_tokenizer", model->tokenizer() != nullptr},
-      {"kv_dtype", o.kv_dtype},
+      {"kv_dtype", kv_description(cache.options())},
       {"kv_bytes_per_token", kv.bytes_per_token},
       {"kv_bytes_full_context", kv.bytes_per_token * c.seq_len},
   };

@@ -16,6 +16,7 @@ struct PerplexityArgs {
   CommonOptions common;
   std::string file;
   PerplexityOptions ppl;
+  bool kl_divergence = false;
 };
 
 void run(const PerplexityArgs& a) {
@@ -28,7 +29,7 @@ void run(const PerplexityArgs& a) {
   const std::vector<int32_t> tokens = tok.encode(text.str(), true);
 
   ThreadPool pool(thread_count(a.common));
-  KvCacheOptions kv = kv_options(a.common);
+  KvCacheOptions kv = kv_options(a.common, model->config().n_layers);
   if (kv.num_blocks == 0 && kv.budget_bytes == 0) kv.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
   KvCache cache(model->config(), kv);
   Transformer transformer(*model, pool);
@@ -41,7 +42,14 @@ void run(const PerplexityArgs& a) {
                  std::string(size_t(width - filled), '.').c_str(), done, total);
     if (done == total) std::fprintf(stderr, "\n");
   };
-  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), a.ppl, progress);
+  std::unique_ptr<KvCache> reference;
+  if (a.kl_divergence) {
+    KvCacheOptions ref;
+    ref.block_size = kv.block_size;
+    ref.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
+    reference = std::make_unique<KvCache>(model->config(), ref);  // FP32 K and V
+  }
+  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), a.ppl, progress, reference.get());
 
   nlohmann::json j = kv_stats_json(r.kv);
   j["ppl"] = r.ppl;
@@ -51,14 +59,23 @@ void run(const PerplexityArgs& a) {
   j["ctx"] = a.ppl.ctx;
   j["text_tokens"] = tokens.size();
   j["seconds"] = r.seconds;
-  j["kv_dtype"] = a.common.kv_dtype;
+  j["kv_dtype"] = kv_description(cache.options());
+  if (r.has_reference) {
+    j["kl_divergence"] = r.kl_divergence;
+    j["top1_agreement"] = r.top1_agreement;
+    j["reference_ppl"] = r.reference_ppl;
+    j["delta_ppl_pct"] = (r.ppl / r.reference_ppl - 1.0) * 100.0;
+  }
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
   std::printf("perplexity: %.4f over %lld tokens in %d chunks of %d (KV %s, %lld bytes/token), %.1f s\n", r.ppl,
-              (long long)r.tokens_scored, r.chunks, a.ppl.ctx, a.common.kv_dtype.c_str(),
+              (long long)r.tokens_scored, r.chunks, a.ppl.ctx, kv_description(cache.options()).c_str(),
               (long long)r.kv.bytes_per_token, r.seconds);
+  if (r.has_reference)
+    std::printf("against FP32 KV: ppl %.4f (%+.3f%%), KL %.6f, top-1 agreement %.4f\n", r.reference_ppl,
+                (r.ppl / r.reference_ppl - 1.0) * 100.0, r.kl_divergence, r.top1_agreement);
 }
 
 }  // namespace
@@ -71,6 +88,7 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("--ctx", a->ppl.ctx, "tokens per chunk")->capture_default_str();
   cmd->add_option("--chunks", a->ppl.chunks, "chunks to score (-1 = all)")->capture_default_str();
   cmd->add_option("--batch", a->ppl.batch, "tokens per forward pass")->capture_default_str();
+  cmd->add_flag("--kl-divergence", a->kl_divergence, "also run an FP32-KV pass; report KL divergence and top-1 agreement");
   cmd->callback([a] { run(*a); });
 }
 

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   kvserve::cli::register_inspect(app);
   kvserve::cli::register_tokenize(app);
   kvserve::cli::register_synth(app);
+  kvserve::cli::register_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

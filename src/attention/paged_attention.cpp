@@ -16,20 +16,30 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   if (scratch.scores.size() < size_t(group) * size_t(stride)) scratch.scores.resize(size_t(group) * size_t(stride));
   float* scores = scratch.scores.data();  // (group, stride)
   const float scale = 1.0f / std::sqrt(float(head_dim));
-  const KvCodec& kc = cache.k_codec(layer);
-  const KvCodec& vc = cache.v_codec(layer);
 
+  const bool pre_rope = cache.k_pre_rope(layer);
+  if (pre_rope && scratch.rotated.size() < size_t(bs) * group * head_dim)
+    scratch.rotated.resize(size_t(bs) * group * head_dim);
   for (int32_t b = 0; b < n_blocks; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
-    kc.score(q, group, cache.k_slab(layer, table.blocks[size_t(b)], kv_head), n, head_dim, scale,
-             scores + b * bs, stride);
+    const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
+    if (!pre_rope) {
+      k.codec->score(q, group, k.data, n, kv_head, scale, scores + b * bs, stride);
+      continue;
+    }
+    // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
+    float* rq = scratch.rotated.data();  // (n, group, head_dim)
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < group; ++i)
+        cache.rope_table().rotate_back(q + size_t(i) * head_dim, b * bs + t, rq + (size_t(t) * group + i) * head_dim);
+    k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, scores + b * bs, stride);
   }
   for (int i = 0; i < group; ++i) softmax(scores + i * stride, n_ctx);
   std::fill(out, out + size_t(group) * head_dim, 0.0f);
   for (int32_t b = 0; b < n_blocks; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
-    vc.accumulate(scores + b * bs, group, stride, cache.v_slab(layer, table.blocks[size_t(b)], kv_head), n,
-                  head_dim, out);
+    const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
+    v.codec->accumulate(scores + b * bs, group, stride, v.data, n, kv_head, out);
   }
 }
 
@@ -37,16 +47,18 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
                               int32_t n_ctx, int kv_head, int group, int head_dim,
                               const float* q, float* out) {
   const int32_t bs = cache.block_size();
-  std::vector<float> k(static_cast<size_t>(head_dim)), v(static_cast<size_t>(head_dim));
+  const int kv_dim = cache.k_codec(layer).shape().kv_dim();
+  std::vector<float> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim));
   std::vector<double> s(static_cast<size_t>(n_ctx));
   for (int i = 0; i < group; ++i) {
     const float* qi = q + size_t(i) * head_dim;
     double max_s = -INFINITY;
     for (int32_t t = 0; t < n_ctx; ++t) {
-      const int32_t block = table.blocks[size_t(t / bs)];
-      cache.k_codec(layer).decode(cache.k_slab(layer, block, kv_head), t % bs, k.data(), head_dim);
+      const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
+      kb.codec->decode_token(kb.data, t % bs, k.data());
+      if (cache.k_pre_rope(layer)) rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim, t, cache.rope_theta());
       double dot = 0;
-      for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * k[size_t(d)];
+      for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * k[size_t(kv_head * head_dim + d)];
       s[size_t(t)] = dot / std::sqrt(double(head_dim));
       max_s = std::max(max_s, s[size_t(t)]);
     }
@@ -54,9 +66,9 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
     for (auto& x : s) sum += (x = std::exp(x - max_s));
     std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
     for (int32_t t = 0; t < n_ctx; ++t) {
-      const int32_t block = table.blocks[size_t(t / bs)];
-      cache.v_codec(layer).decode(cache.v_slab(layer, block, kv_head), t % bs, v.data(), head_dim);
-      for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += s[size_t(t)] / sum * v[size_t(d)];
+      const KvBlockView vb = cache.v_view(layer, table, t / bs, n_ctx);
+      vb.codec->decode_token(vb.data, t % bs, v.data());
+      for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += s[size_t(t)] / sum * v[size_t(kv_head * head_dim + d)];
     }
     for (int d = 0; d < head_dim; ++d) out[size_t(i) * head_dim + d] = float(acc[size_t(d)]);
   }

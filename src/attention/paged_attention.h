@@ -14,6 +14,7 @@ namespace kvserve {
 // Per-thread scratch space, reused across calls.
 struct AttentionScratch {
   std::vector<float> scores;  // (gqa_group, n_ctx rounded up to a block)
+  std::vector<float> rotated; // (block_size, gqa_group, head_dim) queries for pre-RoPE keys
 };
 
 // The attention output of the query heads that share KV head `kv_head`, for

@@ -29,16 +29,25 @@ struct PerplexityResult {
   double seconds = 0;
   KvStats kv;                     // cache statistics with one full chunk stored
   std::vector<double> chunk_ppl;  // running estimate after each chunk, as llama.cpp prints
+  // Against a reference cache (usually FP32), over the same scored tokens:
+  bool has_reference = false;
+  double reference_ppl = 0;
+  double kl_divergence = 0;       // mean KL(reference || tested) in nats
+  double top1_agreement = 0;      // fraction of positions with the same argmax
 };
 
 // progress(chunks_done, chunks_total) after each chunk.
 using ProgressCallback = std::function<void(int32_t, int32_t)>;
 
 // Throws kvserve::Error when ctx is out of range or the text is shorter than
-// one chunk.
+// one chunk. With a reference cache, every chunk also runs against it and the
+// result compares the two distributions token by token (KL, top-1).
 PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<const int32_t> tokens,
                             int32_t bos_id, const PerplexityOptions& options,
-                            const ProgressCallback& progress = nullptr);
+                            const ProgressCallback& progress = nullptr, KvCache* reference = nullptr);
+
+// KL(p || q) of the softmax distributions of two logit rows, in nats.
+double kl_divergence(const float* p_logits, const float* q_logits, int32_t vocab);
 
 // -log softmax(logits)[target], computed in double. logits: (vocab) floats.
 double negative_log_likelihood(const float* logits, int32_t vocab, int32_t target);

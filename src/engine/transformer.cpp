@@ -87,9 +87,12 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (int64_t t = 0; t < n; ++t) {
       const TokenSlot& s = slots[size_t(t)];
       rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.pos, c.rope_theta);
-      rope(k_.data() + t * kv_dim, c.n_kv_heads, head_dim, s.pos, c.rope_theta);
+      if (!cache.k_pre_rope(layer)) rope(k_.data() + t * kv_dim, c.n_kv_heads, head_dim, s.pos, c.rope_theta);
       cache.write(layer, *batch[size_t(s.entry)].table, s.pos, k_.data() + t * kv_dim, v_.data() + t * kv_dim);
     }
+    for (const BatchEntry& b : batch)
+      cache.seal(layer, *b.table, b.table->num_tokens + int32_t(b.tokens.size()));
+    if (observer_) observer_(layer, k_.data(), v_.data(), n);
     // One unit = one token's query heads that share one KV head.
     pool_.parallel_for(n * c.n_kv_heads, 1, [&](int64_t begin, int64_t end, int thread) {
       for (int64_t u = begin; u < end; ++u) {

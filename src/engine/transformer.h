@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct Logits {
   const float* last(size_t e, const std::vector<BatchEntry>& batch) const;
 };
 
+// Sees the keys (after RoPE) and values of every token of every layer as they
+// are written: k, v are (n_tokens, kv_dim) floats. Used for calibration.
+using KvObserver = std::function<void(int layer, const float* k, const float* v, int64_t n_tokens)>;
+
 class Transformer {
  public:
   // The model and pool must outlive the transformer.
@@ -48,6 +53,9 @@ class Transformer {
   void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
 
   const ModelConfig& config() const { return config_; }
+  const Model& model() const { return model_; }
+  // Replaces the observer (nullptr: none).
+  void set_kv_observer(KvObserver observer) { observer_ = std::move(observer); }
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
@@ -68,6 +76,7 @@ class Transformer {
   AlignedBuffer<float> hb2_;    // (tokens, hidden_dim) up
   AlignedBuffer<float> rows_;   // (rows, dim) final hidden states of the tokens that want logits
   std::vector<AttentionScratch> scratch_;  // (threads)
+  KvObserver observer_;
 };
 
 }  // namespace kvserve

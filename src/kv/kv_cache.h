@@ -1,66 +1,101 @@
 // The paged KV cache: a BlockPool of fixed-size blocks and, per layer, an arena
-// indexed by block id holding that layer's K and V slabs.
+// indexed by block id holding that layer's K block then V block, each in the
+// layer's own codec (mixed precision per layer costs no extra tables).
 //
-// Layout of block b in layer l's arena (bytes):
-//   [K slab of kv head 0] ... [K slab of kv head H-1] [V slab of head 0] ... [V slab of head H-1]
-// each slab being (block_size tokens, head_dim) values in the layer's codec.
+// Residual window (KIVI): with quantized codecs the most recent `residual`
+// tokens stay in FP16. Their blocks also own a staging slot (one block of FP16
+// K and V for every layer); a block is encoded into its quantized form once
+// `residual - block_size` newer tokens exist (with the default residual of one
+// block: as soon as it fills), then its staging slot returns to a LIFO free
+// list, so resident staging memory stays bounded by the open blocks. Whether
+// attention reads block b from staging or from its codec follows from the
+// query's position alone (sealed_blocks), so a prefill chunk sees exactly what
+// token-by-token decode would have seen.
+//
 // Capacity is fixed at construction (in blocks or bytes); nothing is allocated
-// per sequence, so there is no contiguous per-request reservation and the only
-// waste is the unfilled tail of each sequence's last block.
+// per sequence, so the only waste is the unfilled tail of each sequence's last
+// block.
 //
-// Thread safety: reserve/commit/release from one thread (the engine's). Slab
-// reads and writes of different (layer, block) pairs may run concurrently.
+// Thread safety: reserve/commit/release/seal from one thread (the engine's).
+// Reads and writes of different (layer, block) pairs may run concurrently.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
+#include "kernels/rope_table.h"
 #include "kv/kv_codec.h"
 #include "model/model_config.h"
 #include "util/page_arena.h"
 
 namespace kvserve {
 
+struct KvLayerCodecs {
+  KvCodecConfig k;
+  KvCodecConfig v;
+};
+
 struct KvCacheOptions {
   int32_t block_size = 16;        // tokens per block
-  KvDType dtype = KvDType::F32;   // K and V storage in every layer
+  KvCodecConfig k;                // keys of every layer (unless `layers` overrides)
+  KvCodecConfig v;                // values of every layer
+  std::vector<KvLayerCodecs> layers;  // empty, or one entry per layer (mixed precision)
+  int32_t residual = -1;          // tokens kept in FP16 before encoding (multiple of block_size);
+                                  // -1 = one block when a codec is quantized, else 0
   int64_t num_blocks = 0;         // capacity in blocks; 0 means "derive from budget_bytes"
   int64_t budget_bytes = 0;       // capacity in bytes when num_blocks is 0; when both are 0,
                                   // enough blocks for one sequence of the model's full context
+
+  // Sets keys and values of every layer to the plain storage type t.
+  void set_dtype(KvDType t) { k.dtype = v.dtype = t; }
 };
 
 // Exact accounting, all sizes in bytes unless stated.
 struct KvStats {
-  int64_t bytes_per_token = 0;    // K + V of one token over all layers, metadata included
-  int64_t bytes_per_block = 0;    // bytes_per_token * block_size
+  int64_t bytes_per_token = 0;    // K + V of one encoded token over all layers, metadata included
+  int64_t bytes_per_block = 0;    // one block over all layers
+  int64_t staging_bytes_per_block = 0;  // one FP16 staging slot (0 without a residual window)
   int32_t block_size = 0;         // tokens per block
+  int32_t residual = 0;           // tokens kept in FP16
   int32_t blocks_total = 0;
   int32_t blocks_used = 0;
   int32_t blocks_free = 0;
+  int32_t staging_used = 0;       // staging slots in use
   int64_t tokens_stored = 0;      // tokens written into live sequences
-  int64_t bytes_used = 0;         // blocks_used * bytes_per_block
+  int64_t bytes_used = 0;         // blocks_used * bytes_per_block + staging_used * staging_bytes_per_block
   int64_t bytes_capacity = 0;     // blocks_total * bytes_per_block
   double fragmentation = 0.0;     // unused fraction of the slots in used blocks, 0..1
 };
 
+// Where attention reads one layer's K or V of one block.
+struct KvBlockView {
+  const KvCodec* codec;
+  const uint8_t* data;
+};
+
 class KvCache {
  public:
-  // Throws kvserve::Error on invalid options (block size, budget < one block).
+  // Throws kvserve::Error on invalid options (block size, budget below one
+  // block, codec combinations, residual not a multiple of the block size).
   KvCache(const ModelConfig& model, const KvCacheOptions& options);
 
   const KvCacheOptions& options() const { return options_; }
   int32_t block_size() const { return options_.block_size; }
+  int32_t residual() const { return residual_; }
+  int n_layers() const { return int(layers_.size()); }
 
   // Makes room for n_new more tokens after table.num_tokens, allocating blocks
-  // as needed. Returns false, changing nothing, when the pool has too few free
-  // blocks: an ordinary result the caller handles (preempt, reject, wait).
+  // (and staging slots) as needed. Returns false, changing nothing, when the
+  // pool has too few free blocks: an ordinary result the caller handles.
   [[nodiscard]] bool reserve(BlockTable& table, int32_t n_new);
-  // Marks n tokens after table.num_tokens as written. REQUIRES: reserved.
+  // Marks n tokens after table.num_tokens as written (every layer written and
+  // sealed); frees the staging slots of blocks now encoded.
   void commit(BlockTable& table, int32_t n);
-  // Returns all of the table's blocks to the pool and empties it.
+  // Returns all of the table's blocks and staging slots and empties it.
   void release(BlockTable& table);
 
   // Blocks a sequence of n tokens needs.
@@ -68,37 +103,53 @@ class KvCache {
   // Whether n_tokens could ever fit (the whole pool, ignoring other sequences).
   bool fits(int64_t n_tokens) const { return blocks_for(n_tokens) <= pool_.num_blocks(); }
 
-  // Writes the K and V of token `pos` of the table in `layer`.
-  // k, v: (n_kv_heads, head_dim) floats.  REQUIRES: pos < table capacity.
+  // Writes the K and V of token `pos` in `layer`. k, v: (kv_dim) floats.
+  // REQUIRES: pos < table capacity.
   void write(int layer, const BlockTable& table, int32_t pos, const float* k, const float* v);
+  // Encodes `layer`'s blocks that become sealed when the table holds n_tokens
+  // tokens (call after writing the layer, before attention reads it).
+  void seal(int layer, const BlockTable& table, int32_t n_tokens);
+  // Blocks of a sequence of n_ctx tokens that are read in encoded form; the
+  // rest are read from FP16 staging.
+  int32_t sealed_blocks(int32_t n_ctx) const;
 
-  // The K or V slab of (layer, block, kv_head).
-  const uint8_t* k_slab(int layer, int32_t block, int kv_head) const;
-  const uint8_t* v_slab(int layer, int32_t block, int kv_head) const;
-  const KvCodec& k_codec(int layer) const { return *layers_[size_t(layer)].k_codec; }
-  const KvCodec& v_codec(int layer) const { return *layers_[size_t(layer)].v_codec; }
+  // Where attention over the first n_ctx tokens reads block index b (logical).
+  KvBlockView k_view(int layer, const BlockTable& table, int32_t b, int32_t n_ctx) const;
+  KvBlockView v_view(int layer, const BlockTable& table, int32_t b, int32_t n_ctx) const;
+  // Whether `layer` stores keys before RoPE; attention then rotates queries
+  // with rope_table() instead.
+  bool k_pre_rope(int layer) const { return layers_[size_t(layer)].k->config().pre_rope; }
+  const RopeTable& rope_table() const { return *rope_table_; }
+  float rope_theta() const { return rope_theta_; }
+  const KvCodec& k_codec(int layer) const { return *layers_[size_t(layer)].k; }
+  const KvCodec& v_codec(int layer) const { return *layers_[size_t(layer)].v; }
 
   const BlockPool& pool() const { return pool_; }
   KvStats stats() const;
 
  private:
   struct Layer {
-    const KvCodec* k_codec = nullptr;
-    const KvCodec* v_codec = nullptr;
-    size_t k_slab_bytes = 0;  // one (block_size, head_dim) K slab
-    size_t v_slab_bytes = 0;
-    size_t block_bytes = 0;   // all K and V slabs of one block in this layer
-    PageArena arena;          // (num_blocks, block_bytes)
+    std::unique_ptr<KvCodec> k, v;
+    bool k_staged = false, v_staged = false;  // encoded via the FP16 staging slot
+    size_t k_bytes = 0, v_bytes = 0;          // one block of K / V in this layer's codecs
+    PageArena arena;                          // (num_blocks, k_bytes + v_bytes)
+    PageArena staging;                        // (num_blocks, 2 * staging_bytes) when staged
   };
 
   uint8_t* block_base(int layer, int32_t block) const;
-  size_t bytes_per_block_all_layers() const;
+  uint8_t* staging_base(int layer, int32_t slot) const;
 
   KvCacheOptions options_;
   int n_kv_heads_ = 0;
   int head_dim_ = 0;
-  std::vector<Layer> layers_;  // (n_layers)
+  float rope_theta_ = 10000.0f;
+  int32_t residual_ = 0;
+  bool staged_ = false;                      // any layer uses staging
+  std::unique_ptr<KvCodec> staging_codec_;   // FP16, one block of one layer's K or V
+  std::unique_ptr<RopeTable> rope_table_;    // when some layer keeps keys before RoPE
+  std::vector<Layer> layers_;                // (n_layers)
   BlockPool pool_;
+  std::vector<int32_t> free_staging_;        // LIFO: reuse the warmest slots first
   int64_t tokens_stored_ = 0;
 };
 

@@ -1,134 +1,154 @@
 #include "kv/kv_codec.h"
 
-#include <immintrin.h>
+#include <fmt/format.h>
 
-#include <cstring>
 #include <vector>
 
+#include "kv/float_codecs.h"
+#include "kv/int_codecs.h"
 #include "util/error.h"
-#include "util/half.h"
 
 namespace kvserve {
-namespace {
-
-// Loads 16 stored values of type T as floats.
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const fp16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-#endif
-
-inline float to_float(float x) { return x; }
-inline float to_float(fp16_t x) { return fp16_to_fp32(x); }
-
-// Slab layout shared by the plain-float codecs: (block_size, head_dim) values
-// of type T, token-major, so one token's vector is contiguous.
-template <class T>
-float dot_row(const float* q, const T* k, int head_dim) {
-  int d = 0;
-  float sum = 0.0f;
-#if defined(__AVX512F__)
-  if (head_dim >= 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (; d + 16 <= head_dim; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), acc);
-    sum = _mm512_reduce_add_ps(acc);
-  }
-#endif
-  for (; d < head_dim; ++d) sum += q[d] * to_float(k[d]);
-  return sum;
-}
-
-template <class T>
-void axpy_row(float w, const T* v, float* out, int head_dim) {
-  int d = 0;
-#if defined(__AVX512F__)
-  const __m512 wv = _mm512_set1_ps(w);
-  for (; d + 16 <= head_dim; d += 16)
-    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(wv, load16(v + d), _mm512_loadu_ps(out + d)));
-#endif
-  for (; d < head_dim; ++d) out[d] += w * to_float(v[d]);
-}
-
-template <class T, KvDType kType>
-class PlainCodec final : public KvCodec {
- public:
-  KvDType dtype() const override { return kType; }
-  size_t slab_bytes(int block_size, int head_dim) const override {
-    return size_t(block_size) * size_t(head_dim) * sizeof(T);
-  }
-  void encode(uint8_t* slab, int slot, const float* x, int head_dim) const override {
-    T* dst = reinterpret_cast<T*>(slab) + size_t(slot) * head_dim;
-    if constexpr (sizeof(T) == sizeof(float)) {
-      std::memcpy(dst, x, sizeof(float) * size_t(head_dim));
-    } else {
-      for (int d = 0; d < head_dim; ++d) dst[d] = fp32_to_fp16(x[d]);
-    }
-  }
-  void decode(const uint8_t* slab, int slot, float* out, int head_dim) const override {
-    const T* src = reinterpret_cast<const T*>(slab) + size_t(slot) * head_dim;
-    for (int d = 0; d < head_dim; ++d) out[d] = to_float(src[d]);
-  }
-  void score(const float* q, int n_q, const uint8_t* slab, int n, int head_dim, float scale,
-             float* scores, int stride) const override {
-    const T* k = reinterpret_cast<const T*>(slab);
-    for (int t = 0; t < n; ++t, k += head_dim)
-      for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * dot_row(q + i * head_dim, k, head_dim);
-  }
-  void accumulate(const float* weights, int n_q, int stride, const uint8_t* slab, int n, int head_dim,
-                  float* out) const override {
-    const T* v = reinterpret_cast<const T*>(slab);
-    for (int t = 0; t < n; ++t, v += head_dim)
-      for (int i = 0; i < n_q; ++i) axpy_row(weights[i * stride + t], v, out + i * head_dim, head_dim);
-  }
-};
-
-}  // namespace
 
 std::string_view kv_dtype_name(KvDType t) {
   switch (t) {
     case KvDType::F32: return "fp32";
     case KvDType::F16: return "fp16";
+    case KvDType::BF16: return "bf16";
+    case KvDType::INT8: return "int8";
+    case KvDType::INT4: return "int4";
+    case KvDType::INT2: return "int2";
+    case KvDType::Q4_0: return "q4_0";
   }
   return "?";
 }
 
 KvDType parse_kv_dtype(std::string_view name) {
-  if (name == "fp32" || name == "f32") return KvDType::F32;
-  if (name == "fp16" || name == "f16") return KvDType::F16;
-  fail("unknown KV dtype '{}' (expected fp32 or fp16)", name);
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::INT8, KvDType::INT4, KvDType::INT2,
+                    KvDType::Q4_0})
+    if (name == kv_dtype_name(t)) return t;
+  if (name == "f32") return KvDType::F32;
+  if (name == "f16") return KvDType::F16;
+  fail("unknown KV dtype '{}' (expected fp32, fp16, bf16, int8, int4, int2 or q4_0)", name);
 }
 
-const KvCodec& kv_codec(KvDType t) {
-  static const PlainCodec<float, KvDType::F32> f32;
-  static const PlainCodec<fp16_t, KvDType::F16> f16;
+std::string_view kv_grouping_name(KvGrouping g) { return g == KvGrouping::Token ? "token" : "channel"; }
+
+KvGrouping parse_kv_grouping(std::string_view name) {
+  if (name == "token") return KvGrouping::Token;
+  if (name == "channel") return KvGrouping::Channel;
+  fail("unknown KV grouping '{}' (expected token or channel)", name);
+}
+
+int kv_dtype_bits(KvDType t) {
   switch (t) {
-    case KvDType::F32: return f32;
-    case KvDType::F16: return f16;
+    case KvDType::F32: return 32;
+    case KvDType::F16: case KvDType::BF16: return 16;
+    case KvDType::INT8: return 8;
+    case KvDType::INT4: case KvDType::Q4_0: return 4;
+    case KvDType::INT2: return 2;
   }
-  return f32;
+  return 32;
 }
 
-void score_reference(const KvCodec& codec, const float* q, int n_q, const uint8_t* slab, int n,
-                     int head_dim, float scale, float* scores, int stride) {
-  std::vector<float> key(static_cast<size_t>(head_dim));
+bool kv_dtype_is_quantized(KvDType t) {
+  return t == KvDType::INT8 || t == KvDType::INT4 || t == KvDType::INT2 || t == KvDType::Q4_0;
+}
+
+std::string KvCodecConfig::describe() const {
+  std::string out;
+  if (!kv_dtype_is_quantized(dtype) || dtype == KvDType::Q4_0) out = std::string(kv_dtype_name(dtype));
+  else if (is_static()) out = fmt::format("{}/static", kv_dtype_name(dtype));
+  else out = fmt::format("{}/{}/g{}", kv_dtype_name(dtype), kv_grouping_name(grouping), group_size);
+  return pre_rope ? out + "+prerope" : out;
+}
+
+void KvCodec::score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                           float* scores, int stride) const {
+  const int hd = shape_.head_dim;
+  std::vector<float> key(static_cast<size_t>(shape_.kv_dim()));
   for (int t = 0; t < n; ++t) {
-    codec.decode(slab, t, key.data(), head_dim);
+    decode_token(block, t, key.data());
+    const float* k = key.data() + size_t(kv_head) * hd;
+    for (int i = 0; i < n_q; ++i) {
+      const float* qi = q + (size_t(t) * n_q + i) * hd;
+      float sum = 0;
+      for (int d = 0; d < hd; ++d) sum += qi[d] * k[d];
+      scores[i * stride + t] = scale * sum;
+    }
+  }
+}
+
+void KvCodec::encode_block(uint8_t* block, const float* x, int n) const {
+  std::vector<uint8_t> zero(block_bytes(), 0);
+  std::copy(zero.begin(), zero.end(), block);
+  for (int t = 0; t < n; ++t) encode_token(block, t, x + size_t(t) * shape_.kv_dim());
+}
+
+std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBlockShape& shape) {
+  if (shape.block_size <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0)
+    fail("KV block shape must be positive (block {}, heads {}, head dim {})", shape.block_size, shape.n_kv_heads,
+         shape.head_dim);
+  const int kv_dim = shape.kv_dim();
+  KvCodecConfig c = config;
+  if (!kv_dtype_is_quantized(c.dtype)) {
+    if (c.is_static()) fail("static scales apply to integer KV types, not {}", kv_dtype_name(c.dtype));
+    return make_float_codec(c, shape);
+  }
+  if (c.dtype == KvDType::Q4_0) {
+    if (kv_dim % 32 != 0)
+      fail("q4_0 needs the KV row ({} values) to be a multiple of 32", kv_dim);
+    c.group_size = 32;
+    c.grouping = KvGrouping::Token;
+    return make_q4_0_codec(c, shape);
+  }
+  if ((kv_dim * kv_dtype_bits(c.dtype)) % 8 != 0)
+    fail("{} needs kv_dim * bits to fill whole bytes (kv_dim {})", kv_dtype_name(c.dtype), kv_dim);
+  if (c.is_static()) {
+    if (c.static_min.size() != size_t(kv_dim) || c.static_max.size() != size_t(kv_dim))
+      fail("static KV ranges have {} / {} channels, expected {}", c.static_min.size(), c.static_max.size(), kv_dim);
+    return make_int_codec(c, shape);
+  }
+  if (c.group_size < 0) fail("--kv-group must be positive (got {})", c.group_size);
+  if (c.grouping == KvGrouping::Token) {
+    if (c.group_size == 0) c.group_size = shape.head_dim;
+    const bool within_head = shape.head_dim % c.group_size == 0;
+    const bool across_heads = c.group_size % shape.head_dim == 0 && kv_dim % c.group_size == 0;
+    if (!within_head && !across_heads)
+      fail("token group of {} values must divide the head dimension {} or be a multiple of it dividing the "
+           "KV row {}", c.group_size, shape.head_dim, kv_dim);
+  } else {
+    if (c.group_size == 0) c.group_size = shape.block_size;
+    if (c.group_size > shape.block_size)
+      fail("channel group of {} tokens is larger than the block of {} tokens", c.group_size, shape.block_size);
+    if (shape.block_size % c.group_size != 0)
+      fail("channel group of {} tokens must divide the block size {}", c.group_size, shape.block_size);
+  }
+  return make_int_codec(c, shape);
+}
+
+void score_reference(const KvCodec& codec, const float* q, int n_q, const uint8_t* block, int n, int kv_head,
+                     float scale, float* scores, int stride) {
+  const int hd = codec.shape().head_dim;
+  std::vector<float> key(static_cast<size_t>(codec.shape().kv_dim()));
+  for (int t = 0; t < n; ++t) {
+    codec.decode_token(block, t, key.data());
     for (int i = 0; i < n_q; ++i) {
       double sum = 0;
-      for (int d = 0; d < head_dim; ++d) sum += double(q[i * head_dim + d]) * key[size_t(d)];
+      for (int d = 0; d < hd; ++d) sum += double(q[i * hd + d]) * key[size_t(kv_head * hd + d)];
       scores[i * stride + t] = float(scale * sum);
     }
   }
 }
 
-void accumulate_reference(const KvCodec& codec, const float* weights, int n_q, int stride,
-                          const uint8_t* slab, int n, int head_dim, float* out) {
-  std::vector<float> value(static_cast<size_t>(head_dim));
+void accumulate_reference(const KvCodec& codec, const float* weights, int n_q, int stride, const uint8_t* block,
+                          int n, int kv_head, float* out) {
+  const int hd = codec.shape().head_dim;
+  std::vector<float> value(static_cast<size_t>(codec.shape().kv_dim()));
   for (int t = 0; t < n; ++t) {
-    codec.decode(slab, t, value.data(), head_dim);
+    codec.decode_token(block, t, value.data());
     for (int i = 0; i < n_q; ++i)
-      for (int d = 0; d < head_dim; ++d) out[i * head_dim + d] += weights[i * stride + t] * value[size_t(d)];
+      for (int d = 0; d < hd; ++d) out[i * hd + d] += weights[i * stride + t] * value[size_t(kv_head * hd + d)];
   }
 }
 

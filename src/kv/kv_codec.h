@@ -1,11 +1,25 @@
-// How one KV head's vectors are stored inside a block: the byte layout of a
-// "slab" (block_size tokens x head_dim values of one KV head of one layer),
-// how a token's vector is encoded into it, and the attention inner loops that
-// read it directly (no decoded copy of the cache is ever made).
+// How one layer's keys (or values) of one KV block are stored: the byte
+// layout of the block, how token vectors are encoded into it, and the
+// attention inner loops that read it in place (no decoded copy of the cache is
+// ever made: quantized codes are dequantized in registers).
 //
-// Codecs are values chosen per layer and per K/V at start-up; the attention
-// kernel is specialised per codec, everything else is codec-blind. The next
-// codecs (INT8/INT4/INT2, per-channel groups) implement the same interface.
+// faiss-style: a codec is a value built from a KvCodecConfig and the block's
+// shape; code size, encode and decode are its whole contract. The attention
+// kernel is specialised per codec; everything else is codec-blind. Keys and
+// values, and every layer, pick their codec independently.
+//
+// Layouts (one layer, K or V, one block; kv_dim = n_kv_heads * head_dim):
+//   fp32/fp16/bf16      (block_size, kv_dim) values, token-major
+//   int8/int4/int2,     per token: codes of kv_dim values (little-endian bit
+//   token groups          packing), then per group of group_size values along
+//                         the row an fp16 (scale, min) pair; x = min + scale * code
+//   int8/int4/int2,     codes (block_size, kv_dim) packed per token row, then per
+//   channel groups        channel (kv_dim) an fp16 (scale, min) pair over the
+//                         block's tokens (KIVI's layout for keys)
+//   static scales       as above without per-group metadata: fixed per-channel
+//                         ranges from calibration live in the codec itself
+//   q4_0 (llama.cpp)    per token: blocks of 32 consecutive values, each an
+//                         fp16 scale d and 16 bytes of nibbles, x = d * (nib - 8)
 #pragma once
 
 #include <cstddef>
@@ -13,53 +27,104 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvserve {
 
-enum class KvDType : uint8_t { F32, F16 };
+enum class KvDType : uint8_t { F32, F16, BF16, INT8, INT4, INT2, Q4_0 };
+enum class KvGrouping : uint8_t { Token, Channel };
 
 std::string_view kv_dtype_name(KvDType t);
-// Parses "fp32" / "fp16" (also "f32", "f16"); throws kvserve::Error otherwise.
+// Parses fp32, fp16, bf16, int8, int4, int2, q4_0; throws kvserve::Error otherwise.
 KvDType parse_kv_dtype(std::string_view name);
+std::string_view kv_grouping_name(KvGrouping g);
+KvGrouping parse_kv_grouping(std::string_view name);
+// Bits per stored code: 32, 16, 16, 8, 4, 2, 4.
+int kv_dtype_bits(KvDType t);
+// Whether the type stores integer codes (and so may need a residual window).
+bool kv_dtype_is_quantized(KvDType t);
+
+// The geometry of one layer's K or V inside one block.
+struct KvBlockShape {
+  int block_size = 16;  // tokens
+  int n_kv_heads = 1;
+  int head_dim = 64;
+  int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+struct KvCodecConfig {
+  KvDType dtype = KvDType::F32;
+  KvGrouping grouping = KvGrouping::Token;
+  // Values per (scale, min) group: along the row for token grouping (may span
+  // KV heads; must divide kv_dim), in tokens for channel grouping (must divide
+  // block_size). 0 = the default: head_dim for token groups, block_size for
+  // channel groups. q4_0 always uses 32.
+  int group_size = 0;
+  // Keys only: store keys before RoPE (KVQuant); attention then rotates the
+  // query by each key's position instead. Per-channel groups see stable
+  // channel statistics this way instead of channel pairs rotating within a block.
+  bool pre_rope = false;
+  // Static scales: fixed per-channel ranges (kv_dim each) from calibration.
+  // When set, no min/max pass runs at encode time, values are clamped, and no
+  // per-group metadata is stored.
+  std::vector<float> static_min, static_max;
+
+  bool is_static() const { return !static_min.empty(); }
+  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope
+};
 
 class KvCodec {
  public:
   virtual ~KvCodec() = default;
 
-  virtual KvDType dtype() const = 0;
-  // Bytes of one slab of block_size tokens x head_dim values.
-  virtual size_t slab_bytes(int block_size, int head_dim) const = 0;
+  const KvCodecConfig& config() const { return config_; }
+  const KvBlockShape& shape() const { return shape_; }
+  KvDType dtype() const { return config_.dtype; }
 
-  // Stores x (head_dim floats) as token `slot` of the slab.
-  virtual void encode(uint8_t* slab, int slot, const float* x, int head_dim) const = 0;
-  // Reads token `slot` of the slab back into out (head_dim floats).
-  virtual void decode(const uint8_t* slab, int slot, float* out, int head_dim) const = 0;
+  // Bytes of one block (all tokens, all KV heads, metadata included).
+  virtual size_t block_bytes() const = 0;
+  // Whether a single token can be encoded on its own (false for channel
+  // groups, which need every token of the block at once).
+  virtual bool encodes_tokens() const { return true; }
 
-  // Attention scores against the keys of the first n tokens of a slab, for
-  // n_q query vectors that share this KV head (GQA):
-  //   scores[i * stride + t] = scale * dot(q + i * head_dim, key_t)
+  // Stores x (kv_dim floats) as token `slot`.  REQUIRES: encodes_tokens().
+  virtual void encode_token(uint8_t* block, int slot, const float* x) const = 0;
+  // Stores the first n tokens of x ((n, kv_dim) floats); slots >= n are zero.
+  virtual void encode_block(uint8_t* block, const float* x, int n) const;
+  // Reads token `slot` back into out (kv_dim floats).
+  virtual void decode_token(const uint8_t* block, int slot, float* out) const = 0;
+
+  // Attention scores of the n_q query heads that share KV head `kv_head`
+  // against the first n keys of the block:
+  //   scores[i * stride + t] = scale * dot(q + i * head_dim, key_t[kv_head])
   // q: (n_q, head_dim) floats; scores: (n_q, stride) floats, stride >= n.
-  virtual void score(const float* q, int n_q, const uint8_t* slab, int n, int head_dim,
-                     float scale, float* scores, int stride) const = 0;
+  virtual void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                     float* scores, int stride) const = 0;
+  // As score, with a separate query set per token (pre-RoPE keys: the query
+  // rotated to each key's position): q is (n, n_q, head_dim) floats.
+  virtual void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                            float* scores, int stride) const;
+  // Weighted sum of the first n values of the block:
+  //   out[i * head_dim + d] += sum_t weights[i * stride + t] * value_t[kv_head][d]
+  virtual void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n,
+                          int kv_head, float* out) const = 0;
 
-  // Weighted sum of the values of the first n tokens of a slab:
-  //   out[i * head_dim + d] += sum_t weights[i * stride + t] * value_t[d]
-  virtual void accumulate(const float* weights, int n_q, int stride, const uint8_t* slab, int n,
-                          int head_dim, float* out) const = 0;
+ protected:
+  KvCodec(KvCodecConfig config, KvBlockShape shape) : config_(std::move(config)), shape_(shape) {}
+  KvCodecConfig config_;
+  KvBlockShape shape_;
 };
 
-// The codec for a storage type. Codecs are stateless: one shared instance each.
-const KvCodec& kv_codec(KvDType t);
+// Builds the codec; throws kvserve::Error naming an invalid combination
+// (group not dividing the row or block, channel groups larger than the block,
+// q4_0 with kv_dim not a multiple of 32, static ranges of the wrong size...).
+std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBlockShape& shape);
 
-}  // namespace kvserve
-
-namespace kvserve {
-
-// Scalar references for any codec, built on decode(): tests compare each
-// codec's score/accumulate against these.
-void score_reference(const KvCodec& codec, const float* q, int n_q, const uint8_t* slab, int n,
-                     int head_dim, float scale, float* scores, int stride);
+// Scalar references for any codec, built on decode_token(); tests compare
+// each codec's score/accumulate against these.
+void score_reference(const KvCodec& codec, const float* q, int n_q, const uint8_t* block, int n,
+                     int kv_head, float scale, float* scores, int stride);
 void accumulate_reference(const KvCodec& codec, const float* weights, int n_q, int stride,
-                          const uint8_t* slab, int n, int head_dim, float* out);
+                          const uint8_t* block, int n, int kv_head, float* out);
 
 }  // namespace kvserve

@@ -1,0 +1,96 @@
+#include "kv/kv_calibration.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "util/error.h"
+
+namespace kvserve {
+
+void save_kv_calibration(const std::string& path, const KvCalibration& c) {
+  nlohmann::json j;
+  j["format"] = "kvserve-kv-calibration-1";
+  j["model"] = c.model;
+  j["percentile"] = c.percentile;
+  j["tokens"] = c.tokens;
+  j["kv_dim"] = c.kv_dim;
+  for (size_t l = 0; l < c.k.size(); ++l)
+    j["layers"].push_back({{"k_min", c.k[l].min}, {"k_max", c.k[l].max}, {"v_min", c.v[l].min}, {"v_max", c.v[l].max}});
+  if (!c.assignment.empty()) {
+    j["target_bits"] = c.target_bits;
+    for (const auto& a : c.assignment)
+      j["assignment"].push_back({{"k", std::string(kv_dtype_name(a.k))}, {"v", std::string(kv_dtype_name(a.v))}});
+  }
+  for (const auto& s : c.sensitivity)
+    j["sensitivity"].push_back({{"layer", s.layer}, {"kv", s.is_key ? "k" : "v"},
+                                {"dtype", std::string(kv_dtype_name(s.dtype))}, {"kl_divergence", s.kl_divergence}});
+  std::ofstream out(path);
+  if (!out) fail("cannot write calibration '{}'", path);
+  out << j.dump(1) << "\n";
+  if (!out) fail("failed writing calibration '{}'", path);
+}
+
+KvCalibration load_kv_calibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cannot open calibration '{}'", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("calibration '{}' is not valid JSON: {}", path, e.what());
+  }
+  KvCalibration c;
+  try {
+    if (j.value("format", "") != "kvserve-kv-calibration-1") fail("'{}' is not a kvserve KV calibration file", path);
+    c.model = j.value("model", "");
+    c.percentile = j.value("percentile", 99.9);
+    c.tokens = j.value("tokens", int64_t(0));
+    c.kv_dim = j.at("kv_dim").get<int>();
+    for (const auto& l : j.at("layers")) {
+      KvChannelRanges k{l.at("k_min").get<std::vector<float>>(), l.at("k_max").get<std::vector<float>>()};
+      KvChannelRanges v{l.at("v_min").get<std::vector<float>>(), l.at("v_max").get<std::vector<float>>()};
+      for (const auto* r : {&k, &v})
+        if (r->min.size() != size_t(c.kv_dim) || r->max.size() != size_t(c.kv_dim))
+          fail("calibration '{}': a layer's ranges do not have kv_dim = {} channels", path, c.kv_dim);
+      c.k.push_back(std::move(k));
+      c.v.push_back(std::move(v));
+    }
+    if (j.contains("assignment")) {
+      c.target_bits = j.value("target_bits", 0.0);
+      for (const auto& a : j.at("assignment"))
+        c.assignment.push_back({parse_kv_dtype(a.at("k").get<std::string>()), parse_kv_dtype(a.at("v").get<std::string>())});
+      if (c.assignment.size() != c.k.size()) fail("calibration '{}': assignment and ranges cover different layer counts", path);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("calibration '{}' is malformed: {}", path, e.what());
+  }
+  return c;
+}
+
+void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n_layers, bool use_static) {
+  if (int(c.k.size()) != n_layers)
+    fail("calibration covers {} layers, the model has {}", c.k.size(), n_layers);
+  if (options.layers.empty()) options.layers.assign(size_t(n_layers), KvLayerCodecs{options.k, options.v});
+  for (int l = 0; l < n_layers; ++l) {
+    KvLayerCodecs& lc = options.layers[size_t(l)];
+    if (!c.assignment.empty()) {
+      lc.k.dtype = c.assignment[size_t(l)].k;
+      lc.v.dtype = c.assignment[size_t(l)].v;
+    }
+    auto set_static = [&](KvCodecConfig& cfg, const KvChannelRanges& r) {
+      const bool integer = kv_dtype_is_quantized(cfg.dtype) && cfg.dtype != KvDType::Q4_0;
+      if (use_static && integer) {
+        cfg.static_min = r.min;
+        cfg.static_max = r.max;
+      } else {
+        cfg.static_min.clear();
+        cfg.static_max.clear();
+      }
+    };
+    set_static(lc.k, c.k[size_t(l)]);
+    set_static(lc.v, c.v[size_t(l)]);
+  }
+}
+
+}  // namespace kvserve

@@ -1,0 +1,83 @@
+#include "kv/kv_spec.h"
+
+#include <charconv>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+int parse_layer(const std::string& text, const std::string& item, int n_layers) {
+  int v = -1;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size())
+    fail("--kv-layers: '{}' in '{}' is not a layer number", text, item);
+  if (v < 0 || v >= n_layers) fail("--kv-layers: layer {} is out of range (the model has {} layers)", v, n_layers);
+  return v;
+}
+
+}  // namespace
+
+std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_layers) {
+  std::vector<KvLayerOverride> out;
+  std::stringstream items(spec);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) fail("--kv-layers: '{}' lacks ':' (expected e.g. 0:fp16 or 1-4:int4)", item);
+    const std::string range = item.substr(0, colon), types = item.substr(colon + 1);
+    KvLayerOverride o;
+    const size_t dash = range.find('-');
+    o.first = parse_layer(range.substr(0, dash), item, n_layers);
+    o.last = dash == std::string::npos ? o.first : parse_layer(range.substr(dash + 1), item, n_layers);
+    if (o.last < o.first) fail("--kv-layers: range '{}' is reversed", range);
+    const size_t slash = types.find('/');
+    o.k = parse_kv_dtype(types.substr(0, slash));
+    o.v = slash == std::string::npos ? o.k : parse_kv_dtype(types.substr(slash + 1));
+    out.push_back(o);
+  }
+  if (out.empty()) fail("--kv-layers: '{}' names no layers", spec);
+  return out;
+}
+
+void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>& overrides, int n_layers) {
+  if (options.layers.empty()) options.layers.assign(size_t(n_layers), KvLayerCodecs{options.k, options.v});
+  auto set = [](KvCodecConfig& c, KvDType t) {
+    c.dtype = t;
+    if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.static_min.clear(), c.static_max.clear();
+  };
+  for (const auto& o : overrides)
+    for (int l = o.first; l <= o.last; ++l) {
+      set(options.layers[size_t(l)].k, o.k);
+      set(options.layers[size_t(l)].v, o.v);
+    }
+}
+
+std::vector<std::string> kv_preset_names() { return {"fp32", "fp16", "int8", "int4", "int2"}; }
+
+void apply_kv_preset(KvCacheOptions& options, const std::string& name) {
+  options.layers.clear();
+  const int bs = options.block_size;
+  if (name == "fp32" || name == "fp16") {
+    options.set_dtype(parse_kv_dtype(name));
+    options.residual = 0;
+  } else if (name == "int8") {
+    options.k = {KvDType::INT8, KvGrouping::Token, 0, {}, {}};
+    options.v = {KvDType::INT8, KvGrouping::Token, 0, {}, {}};
+    options.residual = 0;
+  } else if (name == "int4") {
+    options.k = {KvDType::INT4, KvGrouping::Channel, 0, {}, {}};
+    options.v = {KvDType::INT4, KvGrouping::Token, 0, {}, {}};
+    options.residual = bs;
+  } else if (name == "int2") {
+    options.k = {KvDType::INT2, KvGrouping::Channel, 0, {}, {}};
+    options.v = {KvDType::INT2, KvGrouping::Token, 0, {}, {}};
+    options.residual = bs;
+  } else {
+    fail("unknown --kv-preset '{}' (expected fp32, fp16, int8, int4 or int2)", name);
+  }
+}
+
+}  // namespace kvserve

@@ -1,0 +1,36 @@
+// Text forms of KV cache configurations, shared by the CLI and (later) the
+// server: per-layer overrides ("0:fp16,1-4:int4", "2:int8/int4" for K/V),
+// presets, and calibration files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace kvserve {
+
+// One parsed override: layers [first, last] get dtypes k and v.
+struct KvLayerOverride {
+  int first = 0;
+  int last = 0;
+  KvDType k = KvDType::F16;
+  KvDType v = KvDType::F16;
+};
+
+// Parses "L:DTYPE" / "A-B:DTYPE" / "L:KDTYPE/VDTYPE" items separated by
+// commas. Throws kvserve::Error on syntax errors or layers outside [0, n_layers).
+std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_layers);
+
+// Applies overrides to options: fills options.layers from options.k/options.v
+// if empty, then sets the dtype of each overridden layer, keeping its
+// grouping, group size and (for integer types) static ranges.
+void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>& overrides, int n_layers);
+
+// Preset names and the configuration each stands for (measured choices; see
+// BENCHMARKS.md): fp16, int8, int4, int2.
+std::vector<std::string> kv_preset_names();
+// Throws kvserve::Error for an unknown name.
+void apply_kv_preset(KvCacheOptions& options, const std::string& name);
+
+}  // namespace kvserve

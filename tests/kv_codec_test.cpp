@@ -1,0 +1,173 @@
+// Every KV codec: round-trip error within its format's bound, and the
+// attention kernels (score, accumulate) equal the decode-based reference.
+#include "kv/kv_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+struct Case {
+  KvCodecConfig config;
+  KvBlockShape shape;
+};
+
+std::string name(const Case& c) {
+  return c.config.describe() + " hd" + std::to_string(c.shape.head_dim) + " bs" + std::to_string(c.shape.block_size);
+}
+
+// Values with a few outlier channels, like real keys.
+std::vector<float> sample_rows(int n, int kv_dim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(size_t(n) * size_t(kv_dim));
+  for (int t = 0; t < n; ++t)
+    for (int d = 0; d < kv_dim; ++d) x[size_t(t) * kv_dim + d] = normal(rng) * (d % 7 == 3 ? 6.0f : 1.0f) + (d % 5 == 1 ? 2.0f : 0.0f);
+  return x;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  const KvBlockShape small{16, 4, 8}, wide{16, 2, 64};
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16}) cases.push_back({{t}, small});
+  for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
+    cases.push_back({{t, KvGrouping::Token, 0, {}, {}}, small});     // one group per head
+    cases.push_back({{t, KvGrouping::Token, 4, {}, {}}, small});     // finer groups
+    cases.push_back({{t, KvGrouping::Token, 32, {}, {}}, small});    // across all four heads
+    cases.push_back({{t, KvGrouping::Token, 32, {}, {}}, wide});
+    cases.push_back({{t, KvGrouping::Channel, 0, {}, {}}, small});   // whole block
+    cases.push_back({{t, KvGrouping::Channel, 8, {}, {}}, wide});    // half blocks
+    KvCodecConfig st{t, KvGrouping::Token, 0, {}, {}};
+    st.static_min.assign(32, -3.0f);
+    st.static_max.assign(32, 4.0f);
+    cases.push_back({st, small});
+  }
+  cases.push_back({{KvDType::Q4_0}, small});
+  cases.push_back({{KvDType::Q4_0}, wide});
+  return cases;
+}
+
+// The worst error a codec may make on value x of a group spanning [lo, hi].
+double bound(const KvCodecConfig& c, double lo, double hi, double amax) {
+  switch (c.dtype) {
+    case KvDType::F32: return 0;
+    case KvDType::F16: return amax * 4.9e-4;
+    case KvDType::BF16: return amax * 3.9e-3;
+    case KvDType::Q4_0: return amax / 8 * 1.01 + 1e-6;  // the side opposite the max clips by one step
+    default: {
+      const double levels = (1 << kv_dtype_bits(c.dtype)) - 1;
+      // Half a step, plus the fp16 rounding of the scale (over all levels) and the min.
+      return 0.5 * (hi - lo) / levels + (hi - lo) * 1e-3 + std::fabs(lo) * 1e-3 + 1e-6;
+    }
+  }
+}
+
+TEST(KvCodec, RoundTripWithinFormatBound) {
+  for (const Case& c : all_cases()) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), bs = c.shape.block_size;
+    std::vector<float> x = sample_rows(bs, kv_dim, 1);
+    if (c.config.is_static()) for (auto& v : x) v = std::clamp(v, -3.0f, 4.0f);
+    std::vector<uint8_t> block(codec->block_bytes());
+    codec->encode_block(block.data(), x.data(), bs);
+    const int g = codec->config().group_size;
+    std::vector<float> y(static_cast<size_t>(kv_dim));
+    for (int t = 0; t < bs; ++t) {
+      codec->decode_token(block.data(), t, y.data());
+      for (int d = 0; d < kv_dim; ++d) {
+        // The group this value was quantized with.
+        double lo = 1e30, hi = -1e30, amax = 0;
+        auto visit = [&](float v) { lo = std::min(lo, double(v)); hi = std::max(hi, double(v)); amax = std::max(amax, std::fabs(double(v))); };
+        if (c.config.is_static()) {
+          lo = -3, hi = 4, amax = 4;
+        } else if (c.config.dtype == KvDType::Q4_0) {
+          for (int e = d / 32 * 32; e < d / 32 * 32 + 32; ++e) visit(x[size_t(t) * kv_dim + e]);
+        } else if (c.config.grouping == KvGrouping::Channel && kv_dtype_is_quantized(c.config.dtype)) {
+          for (int s = t / g * g; s < t / g * g + g; ++s) visit(x[size_t(s) * kv_dim + d]);
+        } else if (kv_dtype_is_quantized(c.config.dtype)) {
+          for (int e = d / g * g; e < d / g * g + g; ++e) visit(x[size_t(t) * kv_dim + e]);
+        } else {
+          visit(x[size_t(t) * kv_dim + d]);
+        }
+        const double err = std::fabs(double(y[size_t(d)]) - x[size_t(t) * kv_dim + d]);
+        ASSERT_LE(err, bound(c.config, lo, hi, amax)) << name(c) << " token " << t << " channel " << d;
+      }
+    }
+  }
+}
+
+TEST(KvCodec, TokenEncodingEqualsBlockEncoding) {
+  for (const Case& c : all_cases()) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    if (!codec->encodes_tokens()) continue;
+    const int kv_dim = c.shape.kv_dim();
+    std::vector<float> x = sample_rows(c.shape.block_size, kv_dim, 2);
+    std::vector<uint8_t> a(codec->block_bytes()), b(codec->block_bytes());
+    codec->encode_block(a.data(), x.data(), c.shape.block_size);
+    for (int t = 0; t < c.shape.block_size; ++t) codec->encode_token(b.data(), t, x.data() + size_t(t) * kv_dim);
+    EXPECT_EQ(a, b) << name(c);
+  }
+}
+
+TEST(KvCodec, ScoreAndAccumulateMatchReference) {
+  for (const Case& c : all_cases()) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
+    std::vector<float> x = sample_rows(bs, kv_dim, 3);
+    std::vector<uint8_t> block(codec->block_bytes());
+    const int n = bs - 3;  // a partly filled block
+    codec->encode_block(block.data(), x.data(), n);
+    const int n_q = 3, stride = bs + 5;
+    std::vector<float> q = sample_rows(n_q, hd, 4);
+    for (int h = 0; h < c.shape.n_kv_heads; ++h) {
+      std::vector<float> s1(size_t(n_q) * stride), s2(s1.size());
+      codec->score(q.data(), n_q, block.data(), n, h, 0.3f, s1.data(), stride);
+      score_reference(*codec, q.data(), n_q, block.data(), n, h, 0.3f, s2.data(), stride);
+      for (int i = 0; i < n_q; ++i)
+        for (int t = 0; t < n; ++t)
+          ASSERT_NEAR(s1[size_t(i * stride + t)], s2[size_t(i * stride + t)], 1e-4 * (1 + std::fabs(s2[size_t(i * stride + t)])))
+              << name(c) << " head " << h;
+      std::vector<float> w(s1.size());
+      for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(i)));
+      std::vector<float> o1(size_t(n_q) * hd, 0.25f), o2(o1);
+      codec->accumulate(w.data(), n_q, stride, block.data(), n, h, o1.data());
+      accumulate_reference(*codec, w.data(), n_q, stride, block.data(), n, h, o2.data());
+      for (size_t i = 0; i < o1.size(); ++i) ASSERT_NEAR(o1[i], o2[i], 1e-4 * (1 + std::fabs(o2[i]))) << name(c);
+    }
+  }
+}
+
+TEST(KvCodec, BlockBytesAreExact) {
+  const KvBlockShape s{16, 8, 64};  // the 400M model: kv_dim 512
+  auto bytes = [&](KvCodecConfig c) { return make_kv_codec(c, s)->block_bytes(); };
+  EXPECT_EQ(bytes({KvDType::F16}), 16u * 512 * 2);
+  EXPECT_EQ(bytes({KvDType::INT8, KvGrouping::Token, 64, {}, {}}), 16u * (512 + 8 * 4));
+  EXPECT_EQ(bytes({KvDType::INT4, KvGrouping::Token, 64, {}, {}}), 16u * (256 + 8 * 4));
+  EXPECT_EQ(bytes({KvDType::INT2, KvGrouping::Channel, 16, {}, {}}), 16u * 128 + 512 * 4);
+  EXPECT_EQ(bytes({KvDType::Q4_0}), 16u * 16 * 18);
+}
+
+TEST(KvCodec, ParsesNamesAndRejectsBadCombinations) {
+  EXPECT_EQ(parse_kv_dtype("int4"), KvDType::INT4);
+  EXPECT_EQ(parse_kv_dtype("q4_0"), KvDType::Q4_0);
+  EXPECT_EQ(parse_kv_grouping("channel"), KvGrouping::Channel);
+  EXPECT_THROW(parse_kv_dtype("int3"), Error);
+  EXPECT_THROW(parse_kv_grouping("row"), Error);
+  const KvBlockShape s{16, 4, 8};
+  EXPECT_THROW(make_kv_codec({KvDType::INT4, KvGrouping::Channel, 32, {}, {}}, s), Error);  // > block
+  EXPECT_THROW(make_kv_codec({KvDType::INT4, KvGrouping::Token, 12, {}, {}}, s), Error);
+  EXPECT_THROW(make_kv_codec({KvDType::Q4_0}, KvBlockShape{16, 1, 8}), Error);  // kv_dim 8 < 32
+  KvCodecConfig st{KvDType::INT4};
+  st.static_min.assign(3, 0.0f);
+  st.static_max.assign(3, 1.0f);
+  EXPECT_THROW(make_kv_codec(st, s), Error);
+}
+
+}  // namespace
+}  // namespace kvserve
