@@ -143,6 +143,76 @@ TEST(KvCodec, ScoreAndAccumulateMatchReference) {
   }
 }
 
+// The vector kernels at model shapes: whole-head, finer and cross-head token
+// groups, channel groups, static scales, blocks longer than one 16-token tile,
+// partial blocks of odd length, and GQA groups that need several passes.
+std::vector<Case> model_cases() {
+  std::vector<Case> cases;
+  const KvBlockShape shapes[] = {{16, 8, 64}, {32, 2, 128}, {16, 4, 32}, {64, 2, 64}};
+  for (const KvBlockShape& s : shapes) {
+    for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::Q4_0}) cases.push_back({{t}, s});
+    for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
+      for (int g : {0, 4, 16, 2 * s.head_dim}) {
+        if (g > s.kv_dim()) continue;
+        cases.push_back({{t, KvGrouping::Token, g, {}, {}}, s});
+      }
+      for (int g : {0, 8}) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
+      KvCodecConfig st{t, KvGrouping::Token, 0, {}, {}};
+      st.static_min.assign(size_t(s.kv_dim()), -3.0f);
+      st.static_max.assign(size_t(s.kv_dim()), 4.0f);
+      for (int d = 0; d < s.kv_dim(); ++d) st.static_max[size_t(d)] += float(d % 5);  // distinct channels
+      cases.push_back({st, s});
+    }
+  }
+  return cases;
+}
+
+TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
+  for (const Case& c : model_cases()) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
+    std::vector<float> x = sample_rows(bs, kv_dim, 5);
+    std::vector<uint8_t> block(codec->block_bytes());
+    for (int n : {bs, bs - 1, 5, 1}) {
+      codec->encode_block(block.data(), x.data(), n);
+      for (int n_q : {1, 3, 4, 5, 8}) {
+        const int stride = bs + 3;
+        std::vector<float> q = sample_rows(n * n_q, hd, 6);  // (n, n_q, hd): per-token queries
+        for (int h = 0; h < c.shape.n_kv_heads; h += std::max(1, c.shape.n_kv_heads - 1)) {
+          std::vector<float> s1(size_t(n_q) * stride), s2(s1.size());
+          codec->score(q.data(), n_q, block.data(), n, h, 0.125f, s1.data(), stride);
+          score_reference(*codec, q.data(), n_q, block.data(), n, h, 0.125f, s2.data(), stride);
+          for (int i = 0; i < n_q; ++i)
+            for (int t = 0; t < n; ++t) {
+              const float ref = s2[size_t(i * stride + t)];
+              ASSERT_NEAR(s1[size_t(i * stride + t)], ref, 1e-4 * (1 + std::fabs(ref)))
+                  << name(c) << " n " << n << " n_q " << n_q << " head " << h << " query " << i << " token " << t;
+            }
+          // score_tokens: token t against its own query set, reference one token at a time.
+          codec->score_tokens(q.data(), n_q, block.data(), n, h, 0.125f, s1.data(), stride);
+          for (int t = 0; t < n; ++t) {
+            score_reference(*codec, q.data() + size_t(t) * n_q * hd, n_q, block.data(), t + 1, h, 0.125f, s2.data(), stride);
+            for (int i = 0; i < n_q; ++i) {
+              const float ref = s2[size_t(i * stride + t)];
+              ASSERT_NEAR(s1[size_t(i * stride + t)], ref, 1e-4 * (1 + std::fabs(ref)))
+                  << name(c) << " score_tokens n " << n << " n_q " << n_q << " head " << h << " token " << t;
+            }
+          }
+          std::vector<float> w(s1.size());
+          for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(i) * 0.7f));
+          std::vector<float> o1(size_t(n_q) * hd), o2(o1.size());
+          for (size_t i = 0; i < o1.size(); ++i) o1[i] = o2[i] = 0.1f * float(i % 7);
+          codec->accumulate(w.data(), n_q, stride, block.data(), n, h, o1.data());
+          accumulate_reference(*codec, w.data(), n_q, stride, block.data(), n, h, o2.data());
+          for (size_t i = 0; i < o1.size(); ++i)
+            ASSERT_NEAR(o1[i], o2[i], 1e-4 * (1 + std::fabs(o2[i])))
+                << name(c) << " accumulate n " << n << " n_q " << n_q << " head " << h << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(KvCodec, BlockBytesAreExact) {
   const KvBlockShape s{16, 8, 64};  // the 400M model: kv_dim 512
   auto bytes = [&](KvCodecConfig c) { return make_kv_codec(c, s)->block_bytes(); };

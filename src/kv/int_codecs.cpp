@@ -1,5 +1,13 @@
 #include "kv/int_codecs.h"
 
+// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
+// "undefined" pass-through operands (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -57,9 +65,272 @@ inline int quantize(float x, float min, float inv_scale) {
 
 inline float inverse(float s) { return s > 0 ? 1.0f / s : 0.0f; }
 
-// Score and accumulate for codecs whose tokens can be read one at a time:
-// the token's head slice is dequantized into a head_dim scratch that stays in
-// L1 (never a copy of the cache), then SIMD dot/axpy run on it.
+#if defined(__AVX512F__)
+// AVX-512 attention kernels. Each codec exposes a *source*: for token t,
+// `token(t)` returns a small cursor whose `chunk(c, x)` dequantizes chunk c of
+// the head slice (16 bytes of packed codes, or one q4_0 block) straight into
+// Order::kVecs registers. The kernels below are codec-blind: scores
+// accumulate q·x per token in registers and reduce 16 tokens at once;
+// accumulate keeps the (query, dim) sums in registers across the block. Every
+// key or value byte is read once per call, for all n_q queries of the group.
+//
+// Lane order: unpacking B-bit codes with shifts leaves vector k of a chunk
+// holding codes j * kVecs + k (j = lane). Rather than shuffling every token's
+// codes back, queries (and per-channel scales) are permuted into that order
+// once per call, and accumulated outputs are permuted back once per call.
+namespace simd {
+
+// Lane t of the result = the horizontal sum of v[t], for 16 vectors.
+inline __m512 hsum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // quarters 0,1: token 2i; quarters 2,3: token 2i + 1
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // quarter q: token 4i + q
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // quarter q, lanes: token 8i + q, 8i + 4 + q (twice)
+    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+  // Lane 4q + r holds token 4r + q; transpose back.
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(idx, d);
+}
+
+inline __m512 load_fp16x16(const void* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+}
+// 16 (scale, min) fp16 pairs, one per 32-bit word, split into two float vectors.
+inline void split_pairs(__m512i words, __m512& scale, __m512& min) {
+  scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+  min = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
+}
+
+// B-bit codes: a chunk is 16 bytes = kCodes codes in kVecs vectors; vector k,
+// lane j holds code j * kVecs + k of the chunk.
+template <int B>
+struct Lanes {
+  static constexpr int kVecs = 8 / B;
+  static constexpr int kCodes = 16 * kVecs;
+
+  static void unpack(const uint8_t* p, __m512* c) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+    c[0] = _mm512_cvtepi32_ps(B == 8 ? b : _mm512_and_si512(b, mask));
+    for (int k = 1; k < kVecs; ++k) {
+      const __m512i s = _mm512_srli_epi32(b, unsigned(k * B));
+      c[k] = _mm512_cvtepi32_ps(k + 1 == kVecs ? s : _mm512_and_si512(s, mask));
+    }
+  }
+  // kCodes natural-order floats -> lane order, and back.
+  static void to_lanes(const float* nat, float* lanes) {
+    if constexpr (B == 8) {
+      std::memcpy(lanes, nat, sizeof(float) * 16);
+    } else if constexpr (B == 4) {
+      const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
+      for (int k = 0; k < 2; ++k) _mm512_storeu_ps(lanes + 16 * k, _mm512_permutex2var_ps(n0, index(2, k, 1), n1));
+    } else {
+      const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
+      const __m512 n2 = _mm512_loadu_ps(nat + 32), n3 = _mm512_loadu_ps(nat + 48);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i idx = _mm512_and_si512(index(4, k, 1), _mm512_set1_epi32(31));  // element 4j + k
+        _mm512_storeu_ps(lanes + 16 * k, _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(n0, idx, n1),
+                                                              _mm512_permutex2var_ps(n2, idx, n3)));
+      }
+    }
+  }
+  static void from_lanes(const __m512* lanes, __m512* nat) {
+    if constexpr (B == 8) {
+      nat[0] = lanes[0];
+    } else if constexpr (B == 4) {
+      for (int m = 0; m < 2; ++m) {  // element e = 16m + j sits in vector e % 2, lane e / 2
+        const __m512i j = iota();
+        const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 1), _mm512_set1_epi32(8 * m)),
+                                            _mm512_slli_epi32(_mm512_and_si512(j, _mm512_set1_epi32(1)), 4));
+        nat[m] = _mm512_permutex2var_ps(lanes[0], idx, lanes[1]);
+      }
+    } else {
+      for (int m = 0; m < 4; ++m) {  // element e = 16m + j sits in vector e % 4, lane e / 4
+        const __m512i j = iota();
+        const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 2), _mm512_set1_epi32(4 * m)),
+                                            _mm512_slli_epi32(_mm512_and_si512(j, _mm512_set1_epi32(1)), 4));
+        nat[m] = _mm512_mask_blend_ps(0xCCCC, _mm512_permutex2var_ps(lanes[0], idx, lanes[1]),
+                                      _mm512_permutex2var_ps(lanes[2], idx, lanes[3]));
+      }
+    }
+  }
+
+ private:
+  static __m512i iota() { return _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
+  static __m512i index(int mul, int add, int) {
+    return _mm512_add_epi32(_mm512_mullo_epi32(iota(), _mm512_set1_epi32(mul)), _mm512_set1_epi32(add));
+  }
+};
+
+// Natural order with kVecs vectors per chunk (q4_0: one 32-value block).
+template <int V>
+struct Natural {
+  static constexpr int kVecs = V;
+  static constexpr int kCodes = 16 * V;
+  static void to_lanes(const float* nat, float* lanes) { std::memcpy(lanes, nat, sizeof(float) * kCodes); }
+  static void from_lanes(const __m512* lanes, __m512* nat) {
+    for (int k = 0; k < V; ++k) nat[k] = lanes[k];
+  }
+};
+
+inline float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> bufs[2];
+  std::vector<float>& buf = bufs[slot];
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// NQ queries (lane order, (NQ, hd) floats at qp + t * q_token_stride) against
+// the first n tokens of the source.
+template <int NQ, class Src>
+void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n, float scale, float* scores,
+                   int stride) {
+  constexpr int kVecs = Src::Order::kVecs;
+  const int hd = src.head_dim, chunks = hd / Src::Order::kCodes;
+  __m512 part[NQ][16];
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    const int nt = std::min(16, n - t0);
+    for (int tt = 0; tt < 16; ++tt) {
+      if (tt >= nt) {
+        for (int i = 0; i < NQ; ++i) part[i][tt] = _mm512_setzero_ps();
+        continue;
+      }
+      const int t = t0 + tt;
+      const auto tok = src.token(t);
+      const float* qt = qp + size_t(t) * q_token_stride;
+      __m512 acc[NQ];
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
+      for (int c = 0; c < chunks; ++c) {
+        __m512 x[kVecs];
+        tok.chunk(c, x);
+        for (int k = 0; k < kVecs; ++k)
+          for (int i = 0; i < NQ; ++i)
+            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + (c * kVecs + k) * 16), x[k], acc[i]);
+      }
+      for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+    }
+    const __mmask16 mask = __mmask16((1u << nt) - 1);
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int i = 0; i < NQ; ++i)
+      _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(s, hsum16(part[i])));
+  }
+}
+
+// How many queries the next pass takes: passes of 3 or 4 keep the
+// accumulators in registers.
+inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
+
+// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.
+template <class Src>
+void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores,
+           int stride) {
+  using Order = typename Src::Order;
+  const int hd = src.head_dim;
+  const size_t sets = size_t(per_token_q ? n : 1) * size_t(n_q);
+  float* qp = scratch(0, sets * hd);
+  for (size_t s = 0; s < sets; ++s)
+    for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
+  const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
+  for (int i = 0; i < n_q;) {
+    const int m = pass_size(n_q - i);
+    const float* qi = qp + size_t(i) * hd;
+    float* si = scores + size_t(i) * stride;
+    switch (m) {
+      case 1: score_queries<1>(src, qi, q_token_stride, n, scale, si, stride); break;
+      case 2: score_queries<2>(src, qi, q_token_stride, n, scale, si, stride); break;
+      case 3: score_queries<3>(src, qi, q_token_stride, n, scale, si, stride); break;
+      default: score_queries<4>(src, qi, q_token_stride, n, scale, si, stride); break;
+    }
+    i += m;
+  }
+}
+
+// out[i][d] += sum_t w[i][t] x_t[d] over the NV vectors of the head slice
+// starting at vector v0 (whole chunks), NQ queries.
+template <int NQ, int NV, class Src>
+void accumulate_slice(const Src& src, const float* weights, int stride, int n, int v0, float* out) {
+  using Order = typename Src::Order;
+  constexpr int kVecs = Order::kVecs;
+  static_assert(NV % kVecs == 0);
+  const int hd = src.head_dim, c0 = v0 / kVecs;
+  __m512 acc[NQ][NV];
+  for (int i = 0; i < NQ; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int t = 0; t < n; ++t) {
+    const auto tok = src.token(t);
+    for (int c = 0; c < NV / kVecs; ++c) {
+      __m512 x[kVecs];
+      tok.chunk(c0 + c, x);
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 w = _mm512_set1_ps(weights[i * stride + t]);
+        for (int k = 0; k < kVecs; ++k) acc[i][c * kVecs + k] = _mm512_fmadd_ps(w, x[k], acc[i][c * kVecs + k]);
+      }
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < NV / kVecs; ++c) {
+      __m512 nat[kVecs];
+      Order::from_lanes(&acc[i][c * kVecs], nat);
+      for (int k = 0; k < kVecs; ++k) {
+        float* o = out + i * hd + v0 * 16 + (c * kVecs + k) * 16;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), nat[k]));
+      }
+    }
+}
+
+template <int NQ, class Src>
+void accumulate_queries(const Src& src, const float* weights, int stride, int n, float* out) {
+  constexpr int kVecs = Src::Order::kVecs;
+  const int nv = src.head_dim / 16;
+  for (int v0 = 0; v0 < nv;) {
+    const int left = nv - v0;
+    if (left >= 4) {
+      accumulate_slice<NQ, 4>(src, weights, stride, n, v0, out);
+      v0 += 4;
+    } else if constexpr (kVecs <= 2) {
+      if (left >= 2) {
+        accumulate_slice<NQ, 2>(src, weights, stride, n, v0, out);
+        v0 += 2;
+      } else if constexpr (kVecs == 1) {
+        accumulate_slice<NQ, 1>(src, weights, stride, n, v0, out);
+        v0 += 1;
+      }
+    }
+  }
+}
+
+template <class Src>
+void accumulate(const Src& src, const float* weights, int n_q, int stride, int n, float* out) {
+  const int hd = src.head_dim;
+  for (int i = 0; i < n_q;) {
+    const int m = pass_size(n_q - i);
+    const float* wi = weights + size_t(i) * stride;
+    float* oi = out + size_t(i) * hd;
+    switch (m) {
+      case 1: accumulate_queries<1>(src, wi, stride, n, oi); break;
+      case 2: accumulate_queries<2>(src, wi, stride, n, oi); break;
+      case 3: accumulate_queries<3>(src, wi, stride, n, oi); break;
+      default: accumulate_queries<4>(src, wi, stride, n, oi); break;
+    }
+    i += m;
+  }
+}
+
+}  // namespace simd
+#endif  // __AVX512F__
+
+// Score and accumulate for codecs whose tokens can be read one at a time.
+// With AVX-512 and a head slice the vector kernels can walk (Derived::
+// simd_ready()), Derived::with_source hands them a source that dequantizes in
+// registers. Otherwise (and as the scalar reference beside them) the token's
+// head slice is dequantized into a head_dim scratch that stays in L1, then
+// dot/axpy run on it.
 template <class Derived>
 class SliceCodec : public KvCodec {
  public:
@@ -67,6 +338,12 @@ class SliceCodec : public KvCodec {
 
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
+#if defined(__AVX512F__)
+    if (self().simd_ready()) {
+      self().with_source(block, kv_head, [&](const auto& src) { simd::score(src, q, n_q, false, n, scale, scores, stride); });
+      return;
+    }
+#endif
     const int hd = shape_.head_dim;
     float* k = scratch(hd);
     for (int t = 0; t < n; ++t) {
@@ -76,6 +353,12 @@ class SliceCodec : public KvCodec {
   }
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
+#if defined(__AVX512F__)
+    if (self().simd_ready()) {
+      self().with_source(block, kv_head, [&](const auto& src) { simd::accumulate(src, weights, n_q, stride, n, out); });
+      return;
+    }
+#endif
     const int hd = shape_.head_dim;
     float* v = scratch(hd);
     for (int t = 0; t < n; ++t) {
@@ -85,6 +368,12 @@ class SliceCodec : public KvCodec {
   }
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
+#if defined(__AVX512F__)
+    if (self().simd_ready()) {
+      self().with_source(block, kv_head, [&](const auto& src) { simd::score(src, q, n_q, true, n, scale, scores, stride); });
+      return;
+    }
+#endif
     const int hd = shape_.head_dim;
     float* k = scratch(hd);
     for (int t = 0; t < n; ++t) {
@@ -117,7 +406,20 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       : Base(c, s),
         group_(c.group_size),
         code_bytes_(size_t(s.kv_dim()) * B / 8),
-        token_bytes_(code_bytes_ + size_t(s.kv_dim() / group_) * 2 * sizeof(fp16_t)) {}
+        token_bytes_(code_bytes_ + size_t(s.kv_dim() / group_) * 2 * sizeof(fp16_t)) {
+#if defined(__AVX512F__)
+    using Order = simd::Lanes<B>;
+    const int hd = s.head_dim;
+    // Groups inside a head are looked up per lane from one vector of (at most
+    // 16) group scales; finer groups take the scalar path.
+    simd_ = hd % Order::kCodes == 0 && (group_ >= hd || hd / group_ <= 16);
+    if (simd_ && group_ < hd)
+      for (int p = 0; p < hd; ++p) {  // lane-order position p -> element of the head slice
+        const int c = p / Order::kCodes, k = p % Order::kCodes / 16, j = p % 16;
+        lane_group_.push_back((c * Order::kCodes + j * Order::kVecs + k) / group_);
+      }
+#endif
+  }
 
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
 
@@ -146,10 +448,76 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     }
   }
 
+#if defined(__AVX512F__)
+  bool simd_ready() const { return simd_; }
+
+  // One (scale, min) for the whole head slice (groups of head_dim or more).
+  struct HeadSource {
+    using Order = simd::Lanes<B>;
+    const uint8_t* block;
+    size_t token_bytes, code_off, meta_off;  // in bytes
+    int head_dim;
+    struct Cursor {
+      const uint8_t* codes;
+      __m512 scale, min;
+      void chunk(int c, __m512* x) const {
+        Order::unpack(codes + 16 * c, x);
+        for (int k = 0; k < Order::kVecs; ++k) x[k] = _mm512_fmadd_ps(x[k], scale, min);
+      }
+    };
+    Cursor token(int t) const {
+      const uint8_t* row = block + size_t(t) * token_bytes;
+      fp16_t sm[2];
+      std::memcpy(sm, row + meta_off, sizeof sm);
+      return {row + code_off, _mm512_set1_ps(fp16_to_fp32(sm[0])), _mm512_set1_ps(fp16_to_fp32(sm[1]))};
+    }
+  };
+  // Up to 16 groups inside the head slice: per-lane scale and min.
+  struct GroupSource {
+    using Order = simd::Lanes<B>;
+    const uint8_t* block;
+    size_t token_bytes, code_off, meta_off;  // in bytes
+    int head_dim;
+    __mmask16 group_mask;      // one bit per group of the head
+    const int32_t* lane_group;  // (head_dim) group of each lane-order position
+    struct Cursor {
+      const uint8_t* codes;
+      __m512 scale, min;  // lane g: group g of the head
+      const int32_t* lane_group;
+      void chunk(int c, __m512* x) const {
+        Order::unpack(codes + 16 * c, x);
+        for (int k = 0; k < Order::kVecs; ++k) {
+          const __m512i g = _mm512_loadu_si512(lane_group + (c * Order::kVecs + k) * 16);
+          x[k] = _mm512_fmadd_ps(x[k], _mm512_permutexvar_ps(g, scale), _mm512_permutexvar_ps(g, min));
+        }
+      }
+    };
+    Cursor token(int t) const {
+      const uint8_t* row = block + size_t(t) * token_bytes;
+      Cursor cur{row + code_off, {}, {}, lane_group};
+      simd::split_pairs(_mm512_maskz_loadu_epi32(group_mask, row + meta_off), cur.scale, cur.min);
+      return cur;
+    }
+  };
+  template <class F>
+  void with_source(const uint8_t* block, int kv_head, F&& f) const {
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    const size_t code_off = size_t(first) * B / 8, meta_off = code_bytes_ + size_t(first / group_) * 2 * sizeof(fp16_t);
+    if (group_ >= hd) {
+      f(HeadSource{block, token_bytes_, code_off, meta_off, hd});
+    } else {
+      const __mmask16 mask = __mmask16((1u << (hd / group_)) - 1);
+      f(GroupSource{block, token_bytes_, code_off, meta_off, hd, mask, lane_group_.data()});
+    }
+  }
+#endif
+
  private:
   int group_;
   size_t code_bytes_;   // packed codes of one token row
   size_t token_bytes_;  // codes + metadata of one token
+  bool simd_ = false;
+  std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
 };
 
 // Channel groups (KIVI keys) and static per-channel scales. Dynamic: the block
@@ -172,6 +540,20 @@ class ChannelCodec final : public KvCodec {
         static_max_.push_back(std::max(c.static_max[size_t(d)], a.min));
       }
     }
+#if defined(__AVX512F__)
+    using Order = simd::Lanes<B>;
+    simd_ = s.head_dim % Order::kCodes == 0;
+    if (simd_ && static_) {
+      // Head slices start on chunk boundaries, so the row in lane order is
+      // every head's slice in lane order.
+      static_scale_lanes_.resize(size_t(s.kv_dim()));
+      static_min_lanes_.resize(size_t(s.kv_dim()));
+      for (int d = 0; d < s.kv_dim(); d += Order::kCodes) {
+        Order::to_lanes(static_scale_.data() + d, static_scale_lanes_.data() + d);
+        Order::to_lanes(static_min_.data() + d, static_min_lanes_.data() + d);
+      }
+    }
+#endif
   }
 
   size_t block_bytes() const override {
@@ -228,6 +610,12 @@ class ChannelCodec final : public KvCodec {
   // query per token group, then integer codes against it.
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
+#if defined(__AVX512F__)
+    if (simd_) {
+      simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride);
+      return;
+    }
+#endif
     const int hd = shape_.head_dim, first = kv_head * hd;
     float* s = scratch(4 * size_t(hd));
     float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
@@ -249,6 +637,12 @@ class ChannelCodec final : public KvCodec {
   // Pre-RoPE keys: a query per token, so the scaled query is per token too.
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
+#if defined(__AVX512F__)
+    if (simd_) {
+      simd::score(source(block, n, kv_head), q, n_q, true, n, scale, scores, stride);
+      return;
+    }
+#endif
     const int hd = shape_.head_dim, first = kv_head * hd;
     float* s = scratch(4 * size_t(hd));
     float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
@@ -268,6 +662,12 @@ class ChannelCodec final : public KvCodec {
   // out_d += scale_d * sum_t w_t code_td + min_d * sum_t w_t, per token group.
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
+#if defined(__AVX512F__)
+    if (simd_) {
+      simd::accumulate(source(block, n, kv_head), weights, n_q, stride, n, out);
+      return;
+    }
+#endif
     const int hd = shape_.head_dim, first = kv_head * hd;
     float* s = scratch(3 * size_t(hd) + size_t(n_q) * hd);
     float *sc = s, *mn = s + hd, *codes = s + 2 * hd, *acc = s + 3 * hd;
@@ -288,6 +688,63 @@ class ChannelCodec final : public KvCodec {
         for (int d = 0; d < hd; ++d) out[i * hd + d] += sc[d] * acc[i * hd + d] + mn[d] * wsum[size_t(i)];
     }
   }
+
+#if defined(__AVX512F__)
+  // Per-channel scale and min of each token group, in lane order.
+  struct Source {
+    using Order = simd::Lanes<B>;
+    const uint8_t* block;
+    size_t code_bytes, code_off;  // in bytes
+    int head_dim, group;
+    const float *scale, *min;  // (token group, head_dim) lane order
+    struct Cursor {
+      const uint8_t* codes;
+      const float *scale, *min;  // (head_dim) lane order
+      void chunk(int c, __m512* x) const {
+        Order::unpack(codes + 16 * c, x);
+        for (int k = 0; k < Order::kVecs; ++k) {
+          const int v = (c * Order::kVecs + k) * 16;
+          x[k] = _mm512_fmadd_ps(x[k], _mm512_loadu_ps(scale + v), _mm512_loadu_ps(min + v));
+        }
+      }
+    };
+    Cursor token(int t) const {
+      const size_t g = size_t(t / group) * head_dim;
+      return {block + size_t(t) * code_bytes + code_off, scale + g, min + g};
+    }
+  };
+  // REQUIRES: simd_. Converts the head's metadata of the token groups that
+  // hold the first n tokens once, for every token of the call.
+  Source source(const uint8_t* block, int n, int kv_head) const {
+    using Order = simd::Lanes<B>;
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    Source src{block, code_bytes_, size_t(first) * B / 8, hd, group_, nullptr, nullptr};
+    if (static_) {
+      src.scale = static_scale_lanes_.data() + first;
+      src.min = static_min_lanes_.data() + first;
+      return src;
+    }
+    const int groups = (n + group_ - 1) / group_;
+    float* buf = simd::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
+    float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
+    for (int tg = 0; tg < groups; ++tg) {
+      const fp16_t* meta = group_meta(block, tg) + 2 * size_t(first);
+      for (int d = 0; d < hd; d += 16) {
+        __m512 s, m;
+        simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
+        _mm512_storeu_ps(nat_s + d, s);
+        _mm512_storeu_ps(nat_m + d, m);
+      }
+      for (int d = 0; d < hd; d += Order::kCodes) {
+        Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
+        Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);
+      }
+    }
+    src.scale = sc;
+    src.min = mn;
+    return src;
+  }
+#endif
 
  private:
   fp16_t* group_meta(uint8_t* block, int tg) const {
@@ -323,6 +780,8 @@ class ChannelCodec final : public KvCodec {
   int group_;          // tokens per (scale, min) group
   size_t code_bytes_;  // packed codes of one token row
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
+  bool simd_ = false;
+  std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
 };
 
 // llama.cpp's q4_0: per token, blocks of 32 consecutive values with one fp16
@@ -370,6 +829,37 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
       out[i] = fp16_to_fp32(d16) * float(q - 8);
     }
   }
+
+#if defined(__AVX512F__)
+  bool simd_ready() const { return shape_.head_dim % kBlock == 0; }
+
+  // A chunk is one q4_0 block: its low nibbles are values 0..15, its high
+  // nibbles 16..31, so the lanes come out in natural order.
+  struct Source {
+    using Order = simd::Natural<2>;
+    const uint8_t* block;
+    size_t token_bytes, head_off;  // in bytes
+    int head_dim;
+    struct Cursor {
+      const uint8_t* blocks;
+      void chunk(int c, __m512* x) const {
+        const uint8_t* b = blocks + size_t(c) * kBlockBytes;
+        fp16_t d16;
+        std::memcpy(&d16, b, sizeof d16);
+        const __m512 d = _mm512_set1_ps(fp16_to_fp32(d16)), bias = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + sizeof(fp16_t))));
+        x[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), d, bias);
+        x[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, bias);
+      }
+    };
+    Cursor token(int t) const { return {block + size_t(t) * token_bytes + head_off}; }
+  };
+  template <class F>
+  void with_source(const uint8_t* block, int kv_head, F&& f) const {
+    const int hd = shape_.head_dim;
+    f(Source{block, token_bytes_, size_t(kv_head * hd / kBlock) * kBlockBytes, hd});
+  }
+#endif
 
  private:
   size_t token_bytes_;

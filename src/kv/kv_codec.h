@@ -60,14 +60,14 @@ struct KvCodecConfig {
   // block_size). 0 = the default: head_dim for token groups, block_size for
   // channel groups. q4_0 always uses 32.
   int group_size = 0;
-  // Keys only: store keys before RoPE (KVQuant); attention then rotates the
-  // query by each key's position instead. Per-channel groups see stable
-  // channel statistics this way instead of channel pairs rotating within a block.
-  bool pre_rope = false;
   // Static scales: fixed per-channel ranges (kv_dim each) from calibration.
   // When set, no min/max pass runs at encode time, values are clamped, and no
   // per-group metadata is stored.
   std::vector<float> static_min, static_max;
+  // Keys only: store keys before RoPE (KVQuant); attention then rotates the
+  // query by each key's position instead. Per-channel groups see stable
+  // channel statistics this way instead of channel pairs rotating within a block.
+  bool pre_rope = false;
 
   bool is_static() const { return !static_min.empty(); }
   std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope

@@ -63,18 +63,15 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name) {
   if (name == "fp32" || name == "fp16") {
     options.set_dtype(parse_kv_dtype(name));
     options.residual = 0;
-  } else if (name == "int8") {
-    options.k = {KvDType::INT8, KvGrouping::Token, 0, {}, {}};
-    options.v = {KvDType::INT8, KvGrouping::Token, 0, {}, {}};
-    options.residual = 0;
-  } else if (name == "int4") {
-    options.k = {KvDType::INT4, KvGrouping::Channel, 0, {}, {}};
-    options.v = {KvDType::INT4, KvGrouping::Token, 0, {}, {}};
-    options.residual = bs;
-  } else if (name == "int2") {
-    options.k = {KvDType::INT2, KvGrouping::Channel, 0, {}, {}};
-    options.v = {KvDType::INT2, KvGrouping::Token, 0, {}, {}};
-    options.residual = bs;
+  } else if (name == "int8" || name == "int4" || name == "int2") {
+    // The layout that measured best at each width (BENCHMARKS.md, "Presets"):
+    // keys per channel over a block and before RoPE (KIVI + KVQuant), values
+    // per token with one group per head, recent tokens in FP16.
+    const KvDType t = parse_kv_dtype(name);
+    options.k = {t, KvGrouping::Channel, 0, {}, {}};
+    options.k.pre_rope = true;
+    options.v = {t, KvGrouping::Token, 0, {}, {}};
+    options.residual = (name == "int8" ? 1 : 2) * bs;
   } else {
     fail("unknown --kv-preset '{}' (expected fp32, fp16, int8, int4 or int2)", name);
   }

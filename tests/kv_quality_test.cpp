@@ -1,0 +1,99 @@
+// Quantized KV on the real model: the quality ordering the codecs promise
+// holds on real text, and memory accounting follows the codec.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/kv_calibrator.h"
+#include "engine/perplexity.h"
+#include "kv/kv_spec.h"
+
+namespace kvserve {
+namespace {
+
+class KvQuality : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = Model::load(std::string(KVSERVE_SOURCE_DIR) + "/models/stories260K.gguf").release();
+    std::ifstream in(std::string(KVSERVE_SHARED_DIR) + "/data/tinystories_train_head.txt");
+    std::ostringstream s;
+    s << in.rdbuf();
+    tokens_ = new std::vector<int32_t>(model_->require_tokenizer().encode(s.str(), true));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tokens_;
+  }
+  PerplexityResult run(const KvCacheOptions& o, int chunks = 4) {
+    ThreadPool pool(2);
+    Transformer tf(*model_, pool);
+    KvCacheOptions ref_o;
+    KvCache ref(model_->config(), ref_o), cache(model_->config(), o);
+    PerplexityOptions p;
+    p.ctx = 512;
+    p.chunks = chunks;
+    return perplexity(tf, cache, *tokens_, 1, p, nullptr, &ref);
+  }
+  static Model* model_;
+  static std::vector<int32_t>* tokens_;
+};
+Model* KvQuality::model_ = nullptr;
+std::vector<int32_t>* KvQuality::tokens_ = nullptr;
+
+TEST_F(KvQuality, Fp32AgainstItselfIsExact) {
+  const PerplexityResult r = run(KvCacheOptions{});
+  EXPECT_EQ(r.kl_divergence, 0.0);
+  EXPECT_EQ(r.top1_agreement, 1.0);
+  EXPECT_DOUBLE_EQ(r.ppl, r.reference_ppl);
+}
+
+TEST_F(KvQuality, PresetsDegradeInOrderOfTheirBits) {
+  // Bounds are 3-5x the KL measured on these 4 chunks (3e-6, 1e-5, 3.9e-4,
+  // 1.7e-2; BENCHMARKS.md has the 100-chunk numbers), so a codec regression
+  // trips them.
+  double last_kl = -1;
+  for (const auto& [name, max_kl] : std::vector<std::pair<std::string, double>>{
+           {"fp16", 1e-5}, {"int8", 5e-5}, {"int4", 1.5e-3}, {"int2", 0.05}}) {
+    KvCacheOptions o;
+    apply_kv_preset(o, name);
+    const PerplexityResult r = run(o);
+    EXPECT_LT(r.kl_divergence, max_kl) << name;
+    EXPECT_GT(r.kl_divergence, last_kl) << name;
+    last_kl = r.kl_divergence;
+  }
+}
+
+TEST_F(KvQuality, PerChannelPreRopeKeysBeatPerTokenKeysAtInt4) {
+  KvCacheOptions per_token;
+  per_token.set_dtype(KvDType::INT4);
+  KvCacheOptions kivi = per_token;
+  kivi.k.grouping = KvGrouping::Channel;
+  KvCacheOptions pre_rope = kivi;
+  pre_rope.k.pre_rope = true;
+  const double a = run(per_token).kl_divergence, b = run(kivi).kl_divergence, c = run(pre_rope).kl_divergence;
+  EXPECT_LT(b, a / 4);
+  EXPECT_LT(c, b);
+}
+
+TEST_F(KvQuality, StaticScalesFromCalibrationWork) {
+  ThreadPool pool(2);
+  Transformer tf(*model_, pool);
+  CalibrateOptions co;
+  co.skip_chunks = 8;  // held out: the chunks scored below
+  co.range_chunks = 4;
+  const KvCalibration cal = calibrate_kv(tf, *tokens_, 1, co);
+  ASSERT_EQ(cal.k.size(), 5u);
+  KvCacheOptions o;
+  o.set_dtype(KvDType::INT8);
+  apply_kv_calibration(o, cal, 5, true);
+  ASSERT_TRUE(o.layers[0].k.is_static());
+  const PerplexityResult r = run(o);
+  EXPECT_LT(r.kl_divergence, 0.02);
+  // Static INT8 stores no per-group metadata: exactly one byte per value.
+  KvCache cache(model_->config(), o);
+  EXPECT_EQ(cache.stats().bytes_per_token, 5 * 2 * 32);
+}
+
+}  // namespace
+}  // namespace kvserve
