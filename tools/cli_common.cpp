@@ -84,14 +84,17 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   return k;
 }
 
-std::string kv_description(const KvCacheOptions& o) {
-  auto pair = [](const KvCodecConfig& k, const KvCodecConfig& v) {
-    return k.describe() == v.describe() ? k.describe() : "K " + k.describe() + " V " + v.describe();
+std::string kv_description(const KvCache& cache) {
+  auto layer = [&](int l) {
+    const std::string k = cache.k_codec(l).config().describe(), v = cache.v_codec(l).config().describe();
+    return k == v ? k : "K " + k + " V " + v;
   };
-  if (o.layers.empty()) return pair(o.k, o.v);
-  std::string out;
-  for (size_t l = 0; l < o.layers.size(); ++l)
-    out += (l ? ", " : "") + std::to_string(l) + ":" + pair(o.layers[l].k, o.layers[l].v);
+  std::string out = layer(0);
+  bool uniform = true;
+  for (int l = 1; l < cache.n_layers(); ++l) uniform = uniform && layer(l) == out;
+  if (uniform) return out;
+  out.clear();
+  for (int l = 0; l < cache.n_layers(); ++l) out += (l ? ", " : "") + std::to_string(l) + ":" + layer(l);
   return out;
 }
 

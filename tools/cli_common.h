@@ -44,8 +44,8 @@ int64_t parse_bytes(const std::string& text);
 
 // The KV cache options the flags describe. n_layers is the model's.
 KvCacheOptions kv_options(const CommonOptions& o, int n_layers);
-// A short text naming the K/V configuration, for reports.
-std::string kv_description(const KvCacheOptions& o);
+// A short text naming the cache's resolved K/V codecs, for reports.
+std::string kv_description(const KvCache& cache);
 int thread_count(const CommonOptions& o);
 
 // The KV cache accounting as JSON fields (documented in the README).

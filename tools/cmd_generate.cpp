@@ -59,7 +59,7 @@ void run(const GenerateArgs& a) {
     j["tokens"] = r.tokens;
     j["prefill_seconds"] = r.prefill_seconds;
     j["decode_tok_s"] = decode_tok_s;
-    j["kv_dtype"] = kv_description(cache.options());
+    j["kv_dtype"] = kv_description(cache);
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -67,7 +67,7 @@ void run(const GenerateArgs& a) {
   std::fprintf(stderr,
                "kvserve: %d prompt + %d generated tokens, decode %.1f tok/s | KV cache (%s): %lld tokens in "
                "%d blocks of %d, %lld bytes used (%lld bytes/token), %d of %d blocks free\n",
-               r.prompt_tokens, r.generated_tokens, decode_tok_s, kv_description(cache.options()).c_str(),
+               r.prompt_tokens, r.generated_tokens, decode_tok_s, kv_description(cache).c_str(),
                (long long)kv.tokens_stored, kv.blocks_used, kv.block_size, (long long)kv.bytes_used,
                (long long)kv.bytes_per_token, kv.blocks_free, kv.blocks_total);
 }

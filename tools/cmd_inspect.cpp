@@ -29,7 +29,7 @@ void run(const CommonOptions& o) {
       {"weight_bytes", w.bytes()},
       {"shared_classifier", w.classifier.data == w.token_embedding.data},
       {"has_tokenizer", model->tokenizer() != nullptr},
-      {"kv_dtype", kv_description(cache.options())},
+      {"kv_dtype", kv_description(cache)},
       {"kv_bytes_per_token", kv.bytes_per_token},
       {"kv_bytes_full_context", kv.bytes_per_token * c.seq_len},
   };

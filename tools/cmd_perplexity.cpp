@@ -59,7 +59,7 @@ void run(const PerplexityArgs& a) {
   j["ctx"] = a.ppl.ctx;
   j["text_tokens"] = tokens.size();
   j["seconds"] = r.seconds;
-  j["kv_dtype"] = kv_description(cache.options());
+  j["kv_dtype"] = kv_description(cache);
   if (r.has_reference) {
     j["kl_divergence"] = r.kl_divergence;
     j["top1_agreement"] = r.top1_agreement;
@@ -71,7 +71,7 @@ void run(const PerplexityArgs& a) {
     return;
   }
   std::printf("perplexity: %.4f over %lld tokens in %d chunks of %d (KV %s, %lld bytes/token), %.1f s\n", r.ppl,
-              (long long)r.tokens_scored, r.chunks, a.ppl.ctx, kv_description(cache.options()).c_str(),
+              (long long)r.tokens_scored, r.chunks, a.ppl.ctx, kv_description(cache).c_str(),
               (long long)r.kv.bytes_per_token, r.seconds);
   if (r.has_reference)
     std::printf("against FP32 KV: ppl %.4f (%+.3f%%), KL %.6f, top-1 agreement %.4f\n", r.reference_ppl,

@@ -33,10 +33,6 @@ KvChannelRanges ranges_of(ChannelSamples& samples, double percentile) {
 
 }  // namespace
 
-double kv_effective_bits(const KvCodecConfig& config, const KvBlockShape& shape) {
-  return 8.0 * double(make_kv_codec(config, shape)->block_bytes()) / double(shape.block_size * shape.kv_dim());
-}
-
 std::vector<int> choose_assignment(const std::vector<std::vector<double>>& cost,
                                    const std::vector<std::vector<double>>& bits, double target_bits) {
   // Knapsack over items with the bit budget in 1/16-bit units: exact for the
@@ -120,7 +116,6 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
 
   // 2. Sensitivity: quantize one (layer, K or V) at a time, everything else
   // FP32; the cost is the mean KL divergence from the FP32 model.
-  const KvBlockShape shape{options.layout.block_size, c.n_kv_heads, c.head_dim()};
   const size_t n_opts = options.candidates.size();
   std::vector<std::vector<double>> cost(size_t(2 * n_layers), std::vector<double>(n_opts, 0.0));
   std::vector<std::vector<double>> bits(size_t(2 * n_layers), std::vector<double>(n_opts, 0.0));
@@ -142,7 +137,7 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
           cand.static_max = r.max;
         }
         const size_t item = size_t(2 * l + (is_key ? 0 : 1));
-        bits[item][o] = kv_effective_bits(cand, shape);
+        bits[item][o] = kv_dtype_bits(t);
         KvCacheOptions trial = fp32;
         trial.residual = options.layout.residual;
         trial.layers.assign(size_t(n_layers), KvLayerCodecs{});

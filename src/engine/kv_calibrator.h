@@ -19,8 +19,9 @@ struct CalibrateOptions {
   int32_t skip_chunks = 0;       // chunks at the start of the text left out (held out for evaluation)
   int32_t range_chunks = 8;      // chunks observed for the ranges
   double percentile = 99.9;      // keep [100 - p, p] percentiles of each channel
-  // Mixed precision: 0 = no assignment; else the average bits per K/V value
-  // (codec bytes, metadata included) the assignment must not exceed.
+  // Mixed precision: 0 = no assignment; else the average code bits per K/V
+  // value (16, 8, 4, 2 per type; scales and zero points not counted — the
+  // bytes they add are reported per configuration) the assignment must not exceed.
   double target_bits = 0;
   int32_t sensitivity_chunks = 4;  // chunks per sensitivity measurement
   std::vector<KvDType> candidates = {KvDType::F16, KvDType::INT8, KvDType::INT4, KvDType::INT2};
@@ -36,10 +37,6 @@ using CalibrateProgress = std::function<void(const std::string& stage, int32_t d
 // is shorter than the chunks asked for.
 KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> tokens, int32_t bos_id,
                            const CalibrateOptions& options, const CalibrateProgress& progress = nullptr);
-
-// Effective bits per value of a codec configuration in a model's layout
-// (8 * block bytes / values per block), metadata included.
-double kv_effective_bits(const KvCodecConfig& config, const KvBlockShape& shape);
 
 // Chooses one option per item minimising the summed cost subject to
 // mean(bits) <= target_bits. cost/bits: (items, options). Returns the chosen

@@ -1,7 +1,14 @@
 #include "kv/float_codecs.h"
 
+// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
+// "undefined" pass-through operands (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "util/half.h"
@@ -67,6 +74,117 @@ void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
   for (; d < n; ++d) out[d] += w * Tr::to(v[d]);
 }
 
+#if defined(__AVX512F__)
+// Lane t of the result = the horizontal sum of v[t], for 16 vectors: a
+// transpose-and-add tree, 3 instructions per pair instead of a full
+// reduction per token.
+inline __m512 hsum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i)  // quarters 0,1: token 2i; quarters 2,3: token 2i + 1
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  #pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i)  // quarter q: token 4i + q
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  #pragma GCC unroll 16
+  for (int i = 0; i < 2; ++i)  // quarter q, lanes: token 8i + q, 8i + 4 + q (twice)
+    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+  // Lane 4q + r holds token 4r + q; transpose back.
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(idx, d);
+}
+
+// Prefetches into L2 the head slice (bytes) of each of the n rows of a block
+// before the kernel walks them: one slice per row is too little for the
+// hardware prefetchers to follow, so without this the kernel waits on a couple
+// of misses at a time.
+inline void prefetch_rows(const void* first, size_t row_stride, int n, size_t bytes) {
+  for (int t = 0; t < n; ++t) {
+    const char* r = static_cast<const char*>(first) + size_t(t) * row_stride;
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(r + off, _MM_HINT_T1);
+    _mm_prefetch(r + bytes - 1, _MM_HINT_T1);
+  }
+}
+
+// How many queries one pass takes: 3 or 4 keep the accumulators in registers.
+inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
+
+// NQ queries against n keys, each key row read once. k: first key's head
+// slice; rows kv_dim apart. q of token t at q + t * q_token_stride, (NQ, hd).
+template <class Tr, int NQ>
+void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, int kv_dim, int hd, int n,
+                float scale, float* scores, int stride) {
+  __m512 part[NQ][16];
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    const int nt = std::min(16, n - t0);
+    for (int tt = 0; tt < 16; ++tt) {
+      __m512 acc[NQ];
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
+      if (tt < nt) {
+        const int t = t0 + tt;
+        const typename Tr::T* kt = k + size_t(t) * kv_dim;
+        const float* qt = q + size_t(t) * q_token_stride;
+        for (int d = 0; d < hd; d += 16) {
+          const __m512 x = Tr::load16(kt + d);
+          #pragma GCC unroll 16
+          for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + d), x, acc[i]);
+        }
+      }
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+    }
+    const __mmask16 mask = __mmask16((1u << nt) - 1);
+    #pragma GCC unroll 16
+    for (int i = 0; i < NQ; ++i)
+      _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(_mm512_set1_ps(scale), hsum16(part[i])));
+  }
+}
+
+// out (NQ, hd) += weights (NQ, stride) x values, over NV vectors from dim d0.
+template <class Tr, int NQ, int NV>
+void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, int kv_dim, int hd, int n, int d0,
+                     float* out) {
+  __m512 acc[NQ][NV];
+  #pragma GCC unroll 16
+  for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int t = 0; t < n; ++t) {
+    const typename Tr::T* vt = v + size_t(t) * kv_dim + d0;
+    __m512 x[NV];
+    #pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) x[j] = Tr::load16(vt + 16 * j);
+    #pragma GCC unroll 16
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 w = _mm512_set1_ps(weights[i * stride + t]);
+      #pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(w, x[j], acc[i][j]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      float* o = out + i * hd + d0 + 16 * j;
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[i][j]));
+    }
+}
+
+template <class Tr, int NQ>
+void accumulate_dims(const float* weights, int stride, const typename Tr::T* v, int kv_dim, int hd, int n,
+                     float* out) {
+  int d0 = 0;
+  for (; d0 + 64 <= hd; d0 += 64) accumulate_simd<Tr, NQ, 4>(weights, stride, v, kv_dim, hd, n, d0, out);
+  if (d0 + 32 <= hd) accumulate_simd<Tr, NQ, 2>(weights, stride, v, kv_dim, hd, n, d0, out), d0 += 32;
+  if (d0 + 16 <= hd) accumulate_simd<Tr, NQ, 1>(weights, stride, v, kv_dim, hd, n, d0, out);
+}
+#endif
+
 template <class Tr>
 class FloatCodec final : public KvCodec {
   using T = typename Tr::T;
@@ -87,6 +205,12 @@ class FloatCodec final : public KvCodec {
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
     const int hd = shape_.head_dim;
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+      score_passes(q, 0, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
     for (int t = 0; t < n; ++t) {
       const T* k = row(block, t) + kv_head * hd;
       for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * dot_row<Tr>(q + i * hd, k, hd);
@@ -95,6 +219,12 @@ class FloatCodec final : public KvCodec {
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
     const int hd = shape_.head_dim;
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+      score_passes(q, size_t(n_q) * hd, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
     for (int t = 0; t < n; ++t) {
       const T* k = row(block, t) + kv_head * hd;
       for (int i = 0; i < n_q; ++i)
@@ -104,6 +234,26 @@ class FloatCodec final : public KvCodec {
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
     const int hd = shape_.head_dim;
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+      const T* v = row(block, 0) + kv_head * hd;
+      const int kv_dim = shape_.kv_dim();
+      prefetch_rows(v, size_t(kv_dim) * sizeof(T), n, size_t(hd) * sizeof(T));
+      for (int i = 0; i < n_q;) {
+        const int m = pass_size(n_q - i);
+        const float* wi = weights + size_t(i) * stride;
+        float* oi = out + size_t(i) * hd;
+        switch (m) {
+          case 1: accumulate_dims<Tr, 1>(wi, stride, v, kv_dim, hd, n, oi); break;
+          case 2: accumulate_dims<Tr, 2>(wi, stride, v, kv_dim, hd, n, oi); break;
+          case 3: accumulate_dims<Tr, 3>(wi, stride, v, kv_dim, hd, n, oi); break;
+          default: accumulate_dims<Tr, 4>(wi, stride, v, kv_dim, hd, n, oi); break;
+        }
+        i += m;
+      }
+      return;
+    }
+#endif
     for (int t = 0; t < n; ++t) {
       const T* v = row(block, t) + kv_head * hd;
       for (int i = 0; i < n_q; ++i) axpy_row<Tr>(weights[i * stride + t], v, out + i * hd, hd);
@@ -111,6 +261,26 @@ class FloatCodec final : public KvCodec {
   }
 
  private:
+#if defined(__AVX512F__)
+  void score_passes(const float* q, size_t q_token_stride, int n_q, const uint8_t* block, int n, int kv_head,
+                    float scale, float* scores, int stride) const {
+    const int hd = shape_.head_dim, kv_dim = shape_.kv_dim();
+    const T* k = row(block, 0) + kv_head * hd;
+    prefetch_rows(k, size_t(kv_dim) * sizeof(T), n, size_t(hd) * sizeof(T));
+    for (int i = 0; i < n_q;) {
+      const int m = pass_size(n_q - i);
+      const float* qi = q + size_t(i) * hd;
+      float* si = scores + size_t(i) * stride;
+      switch (m) {
+        case 1: score_simd<Tr, 1>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
+        case 2: score_simd<Tr, 2>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
+        case 3: score_simd<Tr, 3>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
+        default: score_simd<Tr, 4>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
+      }
+      i += m;
+    }
+  }
+#endif
   T* row(uint8_t* block, int slot) const { return reinterpret_cast<T*>(block) + size_t(slot) * shape_.kv_dim(); }
   const T* row(const uint8_t* block, int slot) const {
     return reinterpret_cast<const T*>(block) + size_t(slot) * shape_.kv_dim();

@@ -83,12 +83,15 @@ namespace simd {
 // Lane t of the result = the horizontal sum of v[t], for 16 vectors.
 inline __m512 hsum16(const __m512* v) {
   __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 16
   for (int i = 0; i < 8; ++i)  // quarters 0,1: token 2i; quarters 2,3: token 2i + 1
     a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
                          _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  #pragma GCC unroll 16
   for (int i = 0; i < 4; ++i)  // quarter q: token 4i + q
     b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  #pragma GCC unroll 16
   for (int i = 0; i < 2; ++i)  // quarter q, lanes: token 8i + q, 8i + 4 + q (twice)
     c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
   // Lane 4q + r holds token 4r + q; transpose back.
@@ -96,6 +99,19 @@ inline __m512 hsum16(const __m512* v) {
                                  _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
   return _mm512_permutexvar_ps(idx, d);
+}
+
+// Prefetches (into L2, where more misses can be in flight than L1 allows)
+// `bytes` bytes at p + t * row_stride for the n rows of a
+// block before the kernel walks them. The head slices of one block lie a row
+// apart: one slice per row is too little for the hardware prefetchers to
+// follow, so without this the kernel waits on a couple of misses at a time.
+inline void prefetch_rows(const uint8_t* p, size_t row_stride, int n, size_t bytes) {
+  for (int t = 0; t < n; ++t) {
+    const uint8_t* r = p + size_t(t) * row_stride;
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(r + off), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(r + bytes - 1), _MM_HINT_T1);
+  }
 }
 
 inline __m512 load_fp16x16(const void* p) {
@@ -129,10 +145,12 @@ struct Lanes {
       std::memcpy(lanes, nat, sizeof(float) * 16);
     } else if constexpr (B == 4) {
       const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
+      #pragma GCC unroll 16
       for (int k = 0; k < 2; ++k) _mm512_storeu_ps(lanes + 16 * k, _mm512_permutex2var_ps(n0, index(2, k, 1), n1));
     } else {
       const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
       const __m512 n2 = _mm512_loadu_ps(nat + 32), n3 = _mm512_loadu_ps(nat + 48);
+      #pragma GCC unroll 16
       for (int k = 0; k < 4; ++k) {
         const __m512i idx = _mm512_and_si512(index(4, k, 1), _mm512_set1_epi32(31));  // element 4j + k
         _mm512_storeu_ps(lanes + 16 * k, _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(n0, idx, n1),
@@ -144,6 +162,7 @@ struct Lanes {
     if constexpr (B == 8) {
       nat[0] = lanes[0];
     } else if constexpr (B == 4) {
+      #pragma GCC unroll 16
       for (int m = 0; m < 2; ++m) {  // element e = 16m + j sits in vector e % 2, lane e / 2
         const __m512i j = iota();
         const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 1), _mm512_set1_epi32(8 * m)),
@@ -151,6 +170,7 @@ struct Lanes {
         nat[m] = _mm512_permutex2var_ps(lanes[0], idx, lanes[1]);
       }
     } else {
+      #pragma GCC unroll 16
       for (int m = 0; m < 4; ++m) {  // element e = 16m + j sits in vector e % 4, lane e / 4
         const __m512i j = iota();
         const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 2), _mm512_set1_epi32(4 * m)),
@@ -175,6 +195,7 @@ struct Natural {
   static constexpr int kCodes = 16 * V;
   static void to_lanes(const float* nat, float* lanes) { std::memcpy(lanes, nat, sizeof(float) * kCodes); }
   static void from_lanes(const __m512* lanes, __m512* nat) {
+    #pragma GCC unroll 16
     for (int k = 0; k < V; ++k) nat[k] = lanes[k];
   }
 };
@@ -198,6 +219,7 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
     const int nt = std::min(16, n - t0);
     for (int tt = 0; tt < 16; ++tt) {
       if (tt >= nt) {
+        #pragma GCC unroll 16
         for (int i = 0; i < NQ; ++i) part[i][tt] = _mm512_setzero_ps();
         continue;
       }
@@ -205,18 +227,23 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
       const auto tok = src.token(t);
       const float* qt = qp + size_t(t) * q_token_stride;
       __m512 acc[NQ];
+      #pragma GCC unroll 16
       for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
       for (int c = 0; c < chunks; ++c) {
         __m512 x[kVecs];
         tok.chunk(c, x);
+        #pragma GCC unroll 16
         for (int k = 0; k < kVecs; ++k)
+          #pragma GCC unroll 16
           for (int i = 0; i < NQ; ++i)
             acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + (c * kVecs + k) * 16), x[k], acc[i]);
       }
+      #pragma GCC unroll 16
       for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
     }
     const __mmask16 mask = __mmask16((1u << nt) - 1);
     const __m512 s = _mm512_set1_ps(scale);
+    #pragma GCC unroll 16
     for (int i = 0; i < NQ; ++i)
       _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(s, hsum16(part[i])));
   }
@@ -232,6 +259,7 @@ void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, flo
            int stride) {
   using Order = typename Src::Order;
   const int hd = src.head_dim;
+  src.prefetch(n);
   const size_t sets = size_t(per_token_q ? n : 1) * size_t(n_q);
   float* qp = scratch(0, sets * hd);
   for (size_t s = 0; s < sets; ++s)
@@ -260,23 +288,31 @@ void accumulate_slice(const Src& src, const float* weights, int stride, int n, i
   static_assert(NV % kVecs == 0);
   const int hd = src.head_dim, c0 = v0 / kVecs;
   __m512 acc[NQ][NV];
+  #pragma GCC unroll 16
   for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
   for (int t = 0; t < n; ++t) {
     const auto tok = src.token(t);
+    #pragma GCC unroll 16
     for (int c = 0; c < NV / kVecs; ++c) {
       __m512 x[kVecs];
       tok.chunk(c0 + c, x);
+      #pragma GCC unroll 16
       for (int i = 0; i < NQ; ++i) {
         const __m512 w = _mm512_set1_ps(weights[i * stride + t]);
+        #pragma GCC unroll 16
         for (int k = 0; k < kVecs; ++k) acc[i][c * kVecs + k] = _mm512_fmadd_ps(w, x[k], acc[i][c * kVecs + k]);
       }
     }
   }
+  #pragma GCC unroll 16
   for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
     for (int c = 0; c < NV / kVecs; ++c) {
       __m512 nat[kVecs];
       Order::from_lanes(&acc[i][c * kVecs], nat);
+      #pragma GCC unroll 16
       for (int k = 0; k < kVecs; ++k) {
         float* o = out + i * hd + v0 * 16 + (c * kVecs + k) * 16;
         _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), nat[k]));
@@ -308,6 +344,7 @@ void accumulate_queries(const Src& src, const float* weights, int stride, int n,
 template <class Src>
 void accumulate(const Src& src, const float* weights, int n_q, int stride, int n, float* out) {
   const int hd = src.head_dim;
+  src.prefetch(n);
   for (int i = 0; i < n_q;) {
     const int m = pass_size(n_q - i);
     const float* wi = weights + size_t(i) * stride;
@@ -462,9 +499,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       __m512 scale, min;
       void chunk(int c, __m512* x) const {
         Order::unpack(codes + 16 * c, x);
+        #pragma GCC unroll 16
         for (int k = 0; k < Order::kVecs; ++k) x[k] = _mm512_fmadd_ps(x[k], scale, min);
       }
     };
+    void prefetch(int n) const {
+      simd::prefetch_rows(block + code_off, token_bytes, n, size_t(head_dim) * B / 8);
+      simd::prefetch_rows(block + meta_off, token_bytes, n, 2 * sizeof(fp16_t));
+    }
     Cursor token(int t) const {
       const uint8_t* row = block + size_t(t) * token_bytes;
       fp16_t sm[2];
@@ -486,12 +528,18 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const int32_t* lane_group;
       void chunk(int c, __m512* x) const {
         Order::unpack(codes + 16 * c, x);
+        #pragma GCC unroll 16
         for (int k = 0; k < Order::kVecs; ++k) {
           const __m512i g = _mm512_loadu_si512(lane_group + (c * Order::kVecs + k) * 16);
           x[k] = _mm512_fmadd_ps(x[k], _mm512_permutexvar_ps(g, scale), _mm512_permutexvar_ps(g, min));
         }
       }
     };
+    void prefetch(int n) const {
+      simd::prefetch_rows(block + code_off, token_bytes, n, size_t(head_dim) * B / 8);
+      const size_t groups = size_t(__builtin_popcount(unsigned(group_mask)));
+      simd::prefetch_rows(block + meta_off, token_bytes, n, groups * 2 * sizeof(fp16_t));
+    }
     Cursor token(int t) const {
       const uint8_t* row = block + size_t(t) * token_bytes;
       Cursor cur{row + code_off, {}, {}, lane_group};
@@ -702,12 +750,14 @@ class ChannelCodec final : public KvCodec {
       const float *scale, *min;  // (head_dim) lane order
       void chunk(int c, __m512* x) const {
         Order::unpack(codes + 16 * c, x);
+        #pragma GCC unroll 16
         for (int k = 0; k < Order::kVecs; ++k) {
           const int v = (c * Order::kVecs + k) * 16;
           x[k] = _mm512_fmadd_ps(x[k], _mm512_loadu_ps(scale + v), _mm512_loadu_ps(min + v));
         }
       }
     };
+    void prefetch(int n) const { simd::prefetch_rows(block + code_off, code_bytes, n, size_t(head_dim) * B / 8); }
     Cursor token(int t) const {
       const size_t g = size_t(t / group) * head_dim;
       return {block + size_t(t) * code_bytes + code_off, scale + g, min + g};
@@ -852,6 +902,9 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
         x[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, bias);
       }
     };
+    void prefetch(int n) const {
+      simd::prefetch_rows(block + head_off, token_bytes, n, size_t(head_dim / kBlock) * kBlockBytes);
+    }
     Cursor token(int t) const { return {block + size_t(t) * token_bytes + head_off}; }
   };
   template <class F>

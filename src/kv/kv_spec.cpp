@@ -47,6 +47,7 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
   auto set = [](KvCodecConfig& c, KvDType t) {
     c.dtype = t;
     if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.static_min.clear(), c.static_max.clear();
+    if (!kv_dtype_is_quantized(t)) c.pre_rope = false;  // full precision needs no pre-RoPE trick
   };
   for (const auto& o : overrides)
     for (int l = o.first; l <= o.last; ++l) {

@@ -1,0 +1,211 @@
+// Decode attention over a quantized KV cache at the 400M model's shape (head
+// dim 64, 8 KV heads, GQA group 3, block 16), against a plain memory read.
+//
+// One iteration is one layer of one decode step: for each KV head, score the
+// 3 queries of its group against every K block, softmax, then accumulate every
+// V block. Blocks live as the KV cache keeps them: per layer an arena indexed
+// by block id holding the K block then the V block. The L3 (260 MiB) would
+// hold one layer's KV at every codec, so iterations cycle through copies of
+// the layer totalling at least kWorkingSetBytes, as a decode step over all
+// layers of a long context streams from DRAM. bytes_per_second counts the K
+// and V bytes read (block_bytes * blocks, metadata included).
+//
+//   build-codec/attention_bench --benchmark_filter='Attention|MemoryRead'
+#include <benchmark/benchmark.h>
+
+// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
+// "undefined" pass-through operands (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/vector_ops.h"
+#include "kv/kv_codec.h"
+#include "util/aligned_buffer.h"
+#include "util/thread_pool.h"
+
+namespace kvserve {
+namespace {
+
+constexpr size_t kWorkingSetBytes = size_t(768) << 20;  // ~3x the L3
+constexpr int kHeadDim = 64, kKvHeads = 8, kGroup = 3, kBlock = 16;
+constexpr int kDistinctBlocks = 64;  // encoded once, then copied across the arena
+
+struct CodecPair {
+  const char* name;
+  KvCodecConfig k, v;
+};
+
+std::vector<CodecPair> codec_pairs() {
+  auto tok = [](KvDType t, int g) { return KvCodecConfig{t, KvGrouping::Token, g, {}, {}}; };
+  auto chan = [](KvDType t, int g) { return KvCodecConfig{t, KvGrouping::Channel, g, {}, {}}; };
+  return {
+      {"fp32", {KvDType::F32}, {KvDType::F32}},
+      {"fp16", {KvDType::F16}, {KvDType::F16}},
+      {"bf16", {KvDType::BF16}, {KvDType::BF16}},
+      {"int8/token/g64", tok(KvDType::INT8, 64), tok(KvDType::INT8, 64)},
+      {"int4/token/g64", tok(KvDType::INT4, 64), tok(KvDType::INT4, 64)},
+      {"int4 K channel/g16, V token/g64", chan(KvDType::INT4, 16), tok(KvDType::INT4, 64)},
+      {"int2/token/g64", tok(KvDType::INT2, 64), tok(KvDType::INT2, 64)},
+      {"int2 K channel/g16, V token/g64", chan(KvDType::INT2, 16), tok(KvDType::INT2, 64)},
+      {"q4_0", {KvDType::Q4_0}, {KvDType::Q4_0}},
+  };
+}
+
+// Copies of one layer's K/V arena for a context of n_ctx tokens.
+struct LayerSet {
+  int pair = -1;
+  int n_ctx = 0;
+  std::unique_ptr<KvCodec> k, v;
+  size_t k_bytes = 0, v_bytes = 0;  // one block, in bytes
+  int n_blocks = 0;
+  std::vector<AlignedBuffer<uint8_t>> copies;  // each (block, K then V) bytes
+
+  LayerSet(int pair_index, int ctx) : pair(pair_index), n_ctx(ctx) {
+    const KvBlockShape shape{kBlock, kKvHeads, kHeadDim};
+    const CodecPair& p = codec_pairs()[size_t(pair_index)];
+    k = make_kv_codec(p.k, shape);
+    v = make_kv_codec(p.v, shape);
+    k_bytes = k->block_bytes();
+    v_bytes = v->block_bytes();
+    n_blocks = (ctx + kBlock - 1) / kBlock;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int kv_dim = shape.kv_dim();
+    std::vector<float> x(size_t(kBlock) * kv_dim);
+    std::vector<uint8_t> distinct(size_t(kDistinctBlocks) * (k_bytes + v_bytes));
+    for (int b = 0; b < kDistinctBlocks; ++b) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 7 == 3 ? 4.0f : 1.0f);
+      uint8_t* dst = distinct.data() + size_t(b) * (k_bytes + v_bytes);
+      k->encode_block(dst, x.data(), kBlock);
+      for (auto& e : x) e = normal(rng);
+      v->encode_block(dst + k_bytes, x.data(), kBlock);
+    }
+    const size_t layer_bytes = size_t(n_blocks) * (k_bytes + v_bytes);
+    const size_t count = std::max<size_t>(2, (kWorkingSetBytes + layer_bytes - 1) / layer_bytes);
+    for (size_t c = 0; c < count; ++c) {
+      AlignedBuffer<uint8_t> buf(layer_bytes);
+      for (int b = 0; b < n_blocks; ++b)
+        std::memcpy(buf.data() + size_t(b) * (k_bytes + v_bytes),
+                    distinct.data() + size_t((b + c) % kDistinctBlocks) * (k_bytes + v_bytes), k_bytes + v_bytes);
+      copies.push_back(std::move(buf));
+    }
+  }
+};
+
+// Keeps only the most recent set alive so benchmarks do not pile up memory.
+const LayerSet& layer_set(int pair, int n_ctx) {
+  static std::unique_ptr<LayerSet> current;
+  if (!current || current->pair != pair || current->n_ctx != n_ctx) {
+    current.reset();
+    current = std::make_unique<LayerSet>(pair, n_ctx);
+  }
+  return *current;
+}
+
+// One KV head of one layer, as attend_kv_head does it. scores: (kGroup, stride).
+void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
+                 float* out) {
+  const int stride = set.n_blocks * kBlock;
+  const size_t block_step = set.k_bytes + set.v_bytes;
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  for (int b = 0; b < set.n_blocks; ++b) {
+    const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * kBlock, stride);
+  }
+  for (int i = 0; i < kGroup; ++i) softmax(scores + size_t(i) * stride, set.n_ctx);
+  std::fill(out, out + kGroup * kHeadDim, 0.0f);
+  for (int b = 0; b < set.n_blocks; ++b) {
+    const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    set.v->accumulate(scores + b * kBlock, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
+                      out);
+  }
+}
+
+// Args: codec pair, context (tokens), threads.
+void BM_Attention(benchmark::State& state) {
+  const int pair = int(state.range(0)), n_ctx = int(state.range(1)), threads = int(state.range(2));
+  const LayerSet& set = layer_set(pair, n_ctx);
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);  // (kv head, group, head_dim)
+  for (auto& e : q) e = normal(rng);
+  std::vector<float> out(q.size());
+  const size_t stride = size_t(set.n_blocks) * kBlock;
+  std::vector<std::vector<float>> scores(size_t(std::max(threads, 1)), std::vector<float>(kGroup * stride));
+
+  size_t layer = 0;
+  for (auto _ : state) {
+    const uint8_t* arena = set.copies[layer++ % set.copies.size()].data();
+    auto heads = [&](int64_t begin, int64_t end, int t) {
+      for (int64_t h = begin; h < end; ++h)
+        attend_head(set, arena, int(h), q.data() + size_t(h) * kGroup * kHeadDim, scores[size_t(t)].data(),
+                    out.data() + size_t(h) * kGroup * kHeadDim);
+    };
+    if (pool) pool->parallel_for(kKvHeads, 1, heads);
+    else heads(0, kKvHeads, 0);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double layer_bytes = double(set.n_blocks) * double(set.k_bytes + set.v_bytes);
+  state.SetBytesProcessed(int64_t(double(state.iterations()) * layer_bytes));
+  state.counters["layer_MiB"] = layer_bytes / double(1 << 20);
+  state.SetLabel(codec_pairs()[size_t(pair)].name);
+}
+
+void attention_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"codec", "ctx", "threads"});
+  for (int64_t ctx : {16384, 4096})
+    for (int64_t p = 0; p < int64_t(codec_pairs().size()); ++p)
+      for (int64_t threads : {1, 2}) b->Args({p, ctx, threads});
+  b->UseRealTime();
+}
+BENCHMARK(BM_Attention)->Apply(attention_args);
+
+// Sums a 512 MiB buffer with 64-byte loads, split over `threads` threads: the
+// read bandwidth a memory-bound decode step can hope for.
+void BM_MemoryRead(benchmark::State& state) {
+  const size_t bytes = size_t(512) << 20;
+  const int threads = int(state.range(0));
+  static AlignedBuffer<uint8_t> buffer(bytes);  // zeroed, so every page is really mapped
+  ThreadPool pool(threads);
+  std::vector<double> sums(static_cast<size_t>(threads));
+  const int64_t lines = int64_t(bytes / 64);
+  for (auto _ : state) {
+    pool.parallel_for(lines, 1024, [&](int64_t begin, int64_t end, int t) {
+      const auto* p = reinterpret_cast<const __m512i*>(buffer.data());
+      __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 3));
+      }
+      for (; i < end; ++i) a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+      const __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
+      sums[size_t(t)] = double(_mm512_reduce_add_epi64(s));
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
+}
+BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+}  // namespace
+}  // namespace kvserve
+
+BENCHMARK_MAIN();
