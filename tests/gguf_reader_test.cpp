@@ -13,27 +13,15 @@
 #include "model/model.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-const std::string kStoriesGguf = KVSERVE_SOURCE_DIR "/models/stories260K.gguf";
+using namespace testing_files;
+
 
 std::string temp_path(const std::string& name) { return testing::TempDir() + "kvserve_gguf_" + name; }
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "cannot open " << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out) << "cannot write " << path;
-}
 
 // Hand-encoded GGUF bytes, for files GgufWriter refuses to produce.
 struct Raw {
@@ -78,17 +66,6 @@ void expect_gguf_error(const std::string& name, const std::string& bytes, const 
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
         << name << ": message '" << e.what() << "' lacks '" << needle << "'";
-  }
-}
-
-template <class F>
-void expect_error_containing(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << needle << "'";
   }
 }
 

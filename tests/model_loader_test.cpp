@@ -14,42 +14,17 @@
 #include "model/gguf_writer.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-const std::string kStoriesBin = KVSERVE_SOURCE_DIR "/models/stories260K.bin";
-const std::string kStoriesGguf = KVSERVE_SOURCE_DIR "/models/stories260K.gguf";
-const std::string kTok512 = KVSERVE_SOURCE_DIR "/models/tok512.bin";
+using namespace testing_files;
+
 const std::string kVocabOnlyGguf = KVSERVE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
 constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
 
 std::string temp_path(const std::string& name) { return testing::TempDir() + "kvserve_loader_" + name; }
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "cannot open " << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out) << "cannot write " << path;
-}
-
-template <class F>
-void expect_error_containing(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << needle << "'";
-  }
-}
 
 // The seven header fields of a llama2.c legacy checkpoint, in file order.
 struct Llama2cHeader {

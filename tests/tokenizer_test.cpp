@@ -9,28 +9,15 @@
 #include "model/gguf_reader.h"
 #include "model/unicode_text.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
+using namespace testing_files;
+
 const std::string kVocabDir = KVSERVE_SHARED_DIR "/vocab/";
-const std::string kTok512 = KVSERVE_SOURCE_DIR "/models/tok512.bin";
-const std::string kStoriesGguf = KVSERVE_SOURCE_DIR "/models/stories260K.gguf";
 constexpr int32_t kTok512Size = 512;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "cannot open " << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out) << "cannot write " << path;
-}
 
 std::string temp_path(const std::string& name) { return testing::TempDir() + "kvserve_tok_" + name; }
 

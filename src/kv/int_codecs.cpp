@@ -114,9 +114,6 @@ inline void prefetch_rows(const uint8_t* p, size_t row_stride, int n, size_t byt
   }
 }
 
-inline __m512 load_fp16x16(const void* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
-}
 // 16 (scale, min) fp16 pairs, one per 32-bit word, split into two float vectors.
 inline void split_pairs(__m512i words, __m512& scale, __m512& min) {
   scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
@@ -146,13 +143,13 @@ struct Lanes {
     } else if constexpr (B == 4) {
       const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
       #pragma GCC unroll 16
-      for (int k = 0; k < 2; ++k) _mm512_storeu_ps(lanes + 16 * k, _mm512_permutex2var_ps(n0, index(2, k, 1), n1));
+      for (int k = 0; k < 2; ++k) _mm512_storeu_ps(lanes + 16 * k, _mm512_permutex2var_ps(n0, index(2, k), n1));
     } else {
       const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
       const __m512 n2 = _mm512_loadu_ps(nat + 32), n3 = _mm512_loadu_ps(nat + 48);
       #pragma GCC unroll 16
       for (int k = 0; k < 4; ++k) {
-        const __m512i idx = _mm512_and_si512(index(4, k, 1), _mm512_set1_epi32(31));  // element 4j + k
+        const __m512i idx = _mm512_and_si512(index(4, k), _mm512_set1_epi32(31));  // element 4j + k
         _mm512_storeu_ps(lanes + 16 * k, _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(n0, idx, n1),
                                                               _mm512_permutex2var_ps(n2, idx, n3)));
       }
@@ -183,7 +180,8 @@ struct Lanes {
 
  private:
   static __m512i iota() { return _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
-  static __m512i index(int mul, int add, int) {
+  // Lane j: mul * j + add.
+  static __m512i index(int mul, int add) {
     return _mm512_add_epi32(_mm512_mullo_epi32(iota(), _mm512_set1_epi32(mul)), _mm512_set1_epi32(add));
   }
 };
