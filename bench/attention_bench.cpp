@@ -113,6 +113,14 @@ const LayerSet& layer_set(int pair, int n_ctx) {
   return *current;
 }
 
+// Hints KV head kv_head's slice of a block (head-major layouts keep it in
+// bytes [kv_head, kv_head + 1) * bytes / kKvHeads) into L2, as attend_kv_head does.
+void prefetch_head(const uint8_t* block, size_t bytes, int kv_head) {
+  const size_t slice = bytes / kKvHeads;
+  const uint8_t* p = block + size_t(kv_head) * slice;
+  for (size_t off = 0; off < slice; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
 // One KV head of one layer, as attend_kv_head does it. scores: (kGroup, stride).
 void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
                  float* out) {
@@ -121,12 +129,14 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    if (b + 1 < set.n_blocks) prefetch_head(arena + size_t(b + 1) * block_step, set.k_bytes, kv_head);
     set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * kBlock, stride);
   }
   for (int i = 0; i < kGroup; ++i) softmax(scores + size_t(i) * stride, set.n_ctx);
   std::fill(out, out + kGroup * kHeadDim, 0.0f);
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    if (b + 1 < set.n_blocks) prefetch_head(arena + size_t(b + 1) * block_step + set.k_bytes, set.v_bytes, kv_head);
     set.v->accumulate(scores + b * kBlock, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
                       out);
   }

@@ -17,7 +17,7 @@ for line in open(sys.argv[1]):
     print(f'{cells[5]} {kl} "{cells[0]}"')
 PY
 gnuplot <<GP
-set terminal pngcairo size 1100,700 font ",10"
+set terminal pngcairo size 1100,700 font ",10" noenhanced
 set output "$out"
 set title "$title"
 set xlabel "KV bytes per token (metadata included)"

@@ -1,6 +1,7 @@
 // Kernels against their scalar references, with explicit error bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -327,27 +328,49 @@ TEST(VectorOps, RmsnormMatchesReference) {
 }
 
 TEST(VectorOps, SoftmaxMatchesReferenceAndIsStable) {
-  for (int64_t n : kSizes) {
-    auto got = normal_vector(n, 5.0f, uint32_t(n));
-    got[size_t(n / 2)] = 1000.0f;  // would overflow expf without subtracting the max
-    auto want = got;
-    softmax(got.data(), n);
-    softmax_reference(want.data(), n);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(std::isfinite(got[size_t(i)]));
-      // expf is within a few ulp and the float sum within n * 2^-24 relative
-      // (worst case), so each output is within that relative error.
-      const double rel = 1e-6 + double(n) * 6e-8;
-      EXPECT_NEAR(got[size_t(i)], want[size_t(i)], rel * want[size_t(i)] + 1e-12) << n << " " << i;
-      sum += got[size_t(i)];
+  for (bool outlier : {false, true})
+    for (int64_t n : kSizes) {
+      auto got = normal_vector(n, 5.0f, uint32_t(n));
+      if (outlier) got[size_t(n / 2)] = 1000.0f;  // would overflow expf without subtracting the max
+      auto want = got;
+      softmax(got.data(), n);
+      softmax_reference(want.data(), n);
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(std::isfinite(got[size_t(i)]));
+        // x - max is rounded to float and exp is within 2 ulp (1e-6 covers
+        // both at this spread); the sum runs in 16 lanes of n / 16 values
+        // combined in 4 steps, so it is within (n / 16 + 4) * 2^-24 relative
+        // (worst case), or n * 2^-24 for a plain sum.
+        const double rel = 1e-6 + double(std::min<int64_t>(n, n / 16 + 5)) * 6e-8;
+        EXPECT_NEAR(got[size_t(i)], want[size_t(i)], rel * want[size_t(i)] + 1e-12) << n << " " << i;
+        sum += got[size_t(i)];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
     }
-    EXPECT_NEAR(sum, 1.0, 1e-5);
-  }
   float all_neg[3] = {-1000.0f, -1001.0f, -1000.0f};
   softmax(all_neg, 3);
   EXPECT_NEAR(all_neg[0], 0.4223188, 1e-6);
   EXPECT_NEAR(all_neg[1], 0.1553624, 1e-6);
+}
+
+// softmax({0, x}) for x < -17 is exp(x) itself (1 + e^x rounds to 1), so this
+// checks the exponential on every reduced argument: within 2 ulp of the exact
+// value, and 0 (not NaN) once e^x rounds to 0 in float.
+TEST(VectorOps, SoftmaxExponentialIsWithinTwoUlp) {
+  double worst = 0;
+  for (float x = -87.0f; x <= -17.0f; x += 7.7e-4f) {
+    float v[2] = {0.0f, x};
+    softmax(v, 2);
+    const double want = std::exp(double(x));
+    const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    worst = std::max(worst, std::fabs(double(v[1]) - want) / ulp);
+  }
+  EXPECT_LE(worst, 2.0);
+  float tiny[4] = {0.0f, -104.0f, -500.0f, -INFINITY};
+  softmax(tiny, 4);
+  EXPECT_EQ(tiny[0], 1.0f);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(tiny[i], 0.0f) << i;
 }
 
 TEST(VectorOps, SiluMulMatchesReference) {

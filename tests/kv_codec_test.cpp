@@ -213,6 +213,37 @@ TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
   }
 }
 
+// Head-major layouts: everything stored for KV head h (codes and metadata, all
+// tokens) lies in the h-th of n_kv_heads equal slices of the block, so changing
+// only head h's values changes only bytes there. Token groups spanning heads
+// stay token-major and are skipped.
+TEST(KvCodec, HeadMajorBlocksKeepEachHeadInItsSlice) {
+  for (const Case& c : model_cases()) {
+    if (c.config.grouping == KvGrouping::Token && c.config.group_size > c.shape.head_dim && !c.config.is_static())
+      continue;
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
+    const size_t slice = codec->block_bytes() / size_t(c.shape.n_kv_heads);
+    ASSERT_EQ(slice * size_t(c.shape.n_kv_heads), codec->block_bytes()) << name(c);
+    const std::vector<float> x = sample_rows(bs, kv_dim, 8);
+    std::vector<uint8_t> base(codec->block_bytes()), changed(base.size());
+    codec->encode_block(base.data(), x.data(), bs);
+    for (int h = 0; h < c.shape.n_kv_heads; ++h) {
+      std::vector<float> y = x;
+      for (int t = 0; t < bs; ++t)
+        for (int d = 0; d < hd; ++d) y[size_t(t) * kv_dim + h * hd + d] = -0.7f * y[size_t(t) * kv_dim + h * hd + d] + 0.3f;
+      codec->encode_block(changed.data(), y.data(), bs);
+      bool any = false;
+      for (size_t i = 0; i < base.size(); ++i) {
+        if (base[i] == changed[i]) continue;
+        any = true;
+        ASSERT_EQ(i / slice, size_t(h)) << name(c) << " head " << h << " byte " << i;
+      }
+      EXPECT_TRUE(any) << name(c) << " head " << h;
+    }
+  }
+}
+
 TEST(KvCodec, BlockBytesAreExact) {
   const KvBlockShape s{16, 8, 64};  // the 400M model: kv_dim 512
   auto bytes = [&](KvCodecConfig c) { return make_kv_codec(c, s)->block_bytes(); };

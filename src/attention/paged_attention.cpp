@@ -6,6 +6,23 @@
 #include "kernels/vector_ops.h"
 
 namespace kvserve {
+namespace {
+
+// Hints KV head kv_head's slice of a block into L2 one block ahead of its use:
+// blocks of one sequence lie anywhere in the pool, so the hardware prefetchers
+// cannot run ahead into the next one, and the codecs' own prefetch of the
+// current block comes too late to hide the miss. Head-major layouts keep all of
+// a head's codes and metadata in bytes [kv_head, kv_head + 1) * block_bytes /
+// n_kv_heads (kv_codec.h); for the token-major exceptions the hint is merely
+// useless. bench/attention_bench, which does the same: 1.5-2.5x faster at
+// 16K context on top of the head-major layouts.
+void prefetch_head_slice(const KvBlockView& view, int kv_head) {
+  const size_t slice = view.codec->block_bytes() / size_t(view.codec->shape().n_kv_heads);
+  const uint8_t* p = view.data + size_t(kv_head) * slice;
+  for (size_t off = 0; off < slice; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+}  // namespace
 
 void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                     int kv_head, int group, int head_dim, const float* q, float* out,
@@ -23,6 +40,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   for (int32_t b = 0; b < n_blocks; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
+    if (b + 1 < n_blocks) prefetch_head_slice(cache.k_view(layer, table, b + 1, n_ctx), kv_head);
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, scores + b * bs, stride);
       continue;
@@ -39,6 +57,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   for (int32_t b = 0; b < n_blocks; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
+    if (b + 1 < n_blocks) prefetch_head_slice(cache.v_view(layer, table, b + 1, n_ctx), kv_head);
     v.codec->accumulate(scores + b * bs, group, stride, v.data, n, kv_head, out);
   }
 }

@@ -98,11 +98,18 @@ inline __m512 hsum16(const __m512* v) {
   return _mm512_permutexvar_ps(idx, d);
 }
 
-// Prefetches into L2 the head slice (bytes) of each of the n rows of a block
-// before the kernel walks them: one slice per row is too little for the
-// hardware prefetchers to follow, so without this the kernel waits on a couple
-// of misses at a time.
+// Prefetches into L2 `bytes` bytes at first + t * row_stride for the n rows
+// of a block before the kernel walks them, so that many misses are in flight
+// at once instead of the couple the kernel's own loads would have.
+// Contiguous rows (head-major blocks) are prefetched as one span.
 inline void prefetch_rows(const void* first, size_t row_stride, int n, size_t bytes) {
+  if (row_stride == bytes) {
+    const char* p = static_cast<const char*>(first);
+    const size_t total = size_t(n) * bytes;
+    for (size_t off = 0; off < total; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+    _mm_prefetch(p + total - 1, _MM_HINT_T1);
+    return;
+  }
   for (int t = 0; t < n; ++t) {
     const char* r = static_cast<const char*>(first) + size_t(t) * row_stride;
     for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(r + off, _MM_HINT_T1);
@@ -113,10 +120,10 @@ inline void prefetch_rows(const void* first, size_t row_stride, int n, size_t by
 // How many queries one pass takes: 3 or 4 keep the accumulators in registers.
 inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
 
-// NQ queries against n keys, each key row read once. k: first key's head
-// slice; rows kv_dim apart. q of token t at q + t * q_token_stride, (NQ, hd).
+// NQ queries against n keys, each key read once. k: first key's head
+// slice; keys row elements apart. q of token t at q + t * q_token_stride, (NQ, hd).
 template <class Tr, int NQ>
-void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, int kv_dim, int hd, int n,
+void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, int row, int hd, int n,
                 float scale, float* scores, int stride) {
   __m512 part[NQ][16];
   for (int t0 = 0; t0 < n; t0 += 16) {
@@ -127,7 +134,7 @@ void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, 
       for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
       if (tt < nt) {
         const int t = t0 + tt;
-        const typename Tr::T* kt = k + size_t(t) * kv_dim;
+        const typename Tr::T* kt = k + size_t(t) * row;
         const float* qt = q + size_t(t) * q_token_stride;
         for (int d = 0; d < hd; d += 16) {
           const __m512 x = Tr::load16(kt + d);
@@ -145,9 +152,10 @@ void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, 
   }
 }
 
-// out (NQ, hd) += weights (NQ, stride) x values, over NV vectors from dim d0.
+// out (NQ, hd) += weights (NQ, stride) x values, over NV vectors from dim d0;
+// values row elements apart.
 template <class Tr, int NQ, int NV>
-void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, int kv_dim, int hd, int n, int d0,
+void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, int row, int hd, int n, int d0,
                      float* out) {
   __m512 acc[NQ][NV];
   #pragma GCC unroll 16
@@ -155,7 +163,7 @@ void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, 
     #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int t = 0; t < n; ++t) {
-    const typename Tr::T* vt = v + size_t(t) * kv_dim + d0;
+    const typename Tr::T* vt = v + size_t(t) * row + d0;
     __m512 x[NV];
     #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) x[j] = Tr::load16(vt + 16 * j);
@@ -176,15 +184,17 @@ void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, 
 }
 
 template <class Tr, int NQ>
-void accumulate_dims(const float* weights, int stride, const typename Tr::T* v, int kv_dim, int hd, int n,
+void accumulate_dims(const float* weights, int stride, const typename Tr::T* v, int row, int hd, int n,
                      float* out) {
   int d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64) accumulate_simd<Tr, NQ, 4>(weights, stride, v, kv_dim, hd, n, d0, out);
-  if (d0 + 32 <= hd) accumulate_simd<Tr, NQ, 2>(weights, stride, v, kv_dim, hd, n, d0, out), d0 += 32;
-  if (d0 + 16 <= hd) accumulate_simd<Tr, NQ, 1>(weights, stride, v, kv_dim, hd, n, d0, out);
+  for (; d0 + 64 <= hd; d0 += 64) accumulate_simd<Tr, NQ, 4>(weights, stride, v, row, hd, n, d0, out);
+  if (d0 + 32 <= hd) accumulate_simd<Tr, NQ, 2>(weights, stride, v, row, hd, n, d0, out), d0 += 32;
+  if (d0 + 16 <= hd) accumulate_simd<Tr, NQ, 1>(weights, stride, v, row, hd, n, d0, out);
 }
 #endif
 
+// Head-major: the block is (kv_head, token, head_dim) values, so one kv_head's
+// keys or values for the whole block are one contiguous run.
 template <class Tr>
 class FloatCodec final : public KvCodec {
   using T = typename Tr::T;
@@ -195,12 +205,18 @@ class FloatCodec final : public KvCodec {
   size_t block_bytes() const override { return size_t(shape_.block_size) * size_t(shape_.kv_dim()) * sizeof(T); }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
-    T* dst = row(block, slot);
-    for (int d = 0; d < shape_.kv_dim(); ++d) dst[d] = Tr::from(x[d]);
+    const int hd = shape_.head_dim;
+    for (int h = 0; h < shape_.n_kv_heads; ++h) {
+      T* dst = at(block, h, slot);
+      for (int d = 0; d < hd; ++d) dst[d] = Tr::from(x[h * hd + d]);
+    }
   }
   void decode_token(const uint8_t* block, int slot, float* out) const override {
-    const T* src = row(block, slot);
-    for (int d = 0; d < shape_.kv_dim(); ++d) out[d] = Tr::to(src[d]);
+    const int hd = shape_.head_dim;
+    for (int h = 0; h < shape_.n_kv_heads; ++h) {
+      const T* src = at(block, h, slot);
+      for (int d = 0; d < hd; ++d) out[h * hd + d] = Tr::to(src[d]);
+    }
   }
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
@@ -212,7 +228,7 @@ class FloatCodec final : public KvCodec {
     }
 #endif
     for (int t = 0; t < n; ++t) {
-      const T* k = row(block, t) + kv_head * hd;
+      const T* k = at(block, kv_head, t);
       for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * dot_row<Tr>(q + i * hd, k, hd);
     }
   }
@@ -226,7 +242,7 @@ class FloatCodec final : public KvCodec {
     }
 #endif
     for (int t = 0; t < n; ++t) {
-      const T* k = row(block, t) + kv_head * hd;
+      const T* k = at(block, kv_head, t);
       for (int i = 0; i < n_q; ++i)
         scores[i * stride + t] = scale * dot_row<Tr>(q + (size_t(t) * n_q + i) * hd, k, hd);
     }
@@ -236,18 +252,17 @@ class FloatCodec final : public KvCodec {
     const int hd = shape_.head_dim;
 #if defined(__AVX512F__)
     if (hd % 16 == 0) {
-      const T* v = row(block, 0) + kv_head * hd;
-      const int kv_dim = shape_.kv_dim();
-      prefetch_rows(v, size_t(kv_dim) * sizeof(T), n, size_t(hd) * sizeof(T));
+      const T* v = at(block, kv_head, 0);
+      prefetch_rows(v, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
       for (int i = 0; i < n_q;) {
         const int m = pass_size(n_q - i);
         const float* wi = weights + size_t(i) * stride;
         float* oi = out + size_t(i) * hd;
         switch (m) {
-          case 1: accumulate_dims<Tr, 1>(wi, stride, v, kv_dim, hd, n, oi); break;
-          case 2: accumulate_dims<Tr, 2>(wi, stride, v, kv_dim, hd, n, oi); break;
-          case 3: accumulate_dims<Tr, 3>(wi, stride, v, kv_dim, hd, n, oi); break;
-          default: accumulate_dims<Tr, 4>(wi, stride, v, kv_dim, hd, n, oi); break;
+          case 1: accumulate_dims<Tr, 1>(wi, stride, v, hd, hd, n, oi); break;
+          case 2: accumulate_dims<Tr, 2>(wi, stride, v, hd, hd, n, oi); break;
+          case 3: accumulate_dims<Tr, 3>(wi, stride, v, hd, hd, n, oi); break;
+          default: accumulate_dims<Tr, 4>(wi, stride, v, hd, hd, n, oi); break;
         }
         i += m;
       }
@@ -255,7 +270,7 @@ class FloatCodec final : public KvCodec {
     }
 #endif
     for (int t = 0; t < n; ++t) {
-      const T* v = row(block, t) + kv_head * hd;
+      const T* v = at(block, kv_head, t);
       for (int i = 0; i < n_q; ++i) axpy_row<Tr>(weights[i * stride + t], v, out + i * hd, hd);
     }
   }
@@ -264,26 +279,30 @@ class FloatCodec final : public KvCodec {
 #if defined(__AVX512F__)
   void score_passes(const float* q, size_t q_token_stride, int n_q, const uint8_t* block, int n, int kv_head,
                     float scale, float* scores, int stride) const {
-    const int hd = shape_.head_dim, kv_dim = shape_.kv_dim();
-    const T* k = row(block, 0) + kv_head * hd;
-    prefetch_rows(k, size_t(kv_dim) * sizeof(T), n, size_t(hd) * sizeof(T));
+    const int hd = shape_.head_dim;
+    const T* k = at(block, kv_head, 0);
+    prefetch_rows(k, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
     for (int i = 0; i < n_q;) {
       const int m = pass_size(n_q - i);
       const float* qi = q + size_t(i) * hd;
       float* si = scores + size_t(i) * stride;
       switch (m) {
-        case 1: score_simd<Tr, 1>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
-        case 2: score_simd<Tr, 2>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
-        case 3: score_simd<Tr, 3>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
-        default: score_simd<Tr, 4>(qi, q_token_stride, k, kv_dim, hd, n, scale, si, stride); break;
+        case 1: score_simd<Tr, 1>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
+        case 2: score_simd<Tr, 2>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
+        case 3: score_simd<Tr, 3>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
+        default: score_simd<Tr, 4>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
       }
       i += m;
     }
   }
 #endif
-  T* row(uint8_t* block, int slot) const { return reinterpret_cast<T*>(block) + size_t(slot) * shape_.kv_dim(); }
-  const T* row(const uint8_t* block, int slot) const {
-    return reinterpret_cast<const T*>(block) + size_t(slot) * shape_.kv_dim();
+  // The head_dim values of kv_head for token slot.
+  size_t offset(int kv_head, int slot) const {
+    return (size_t(kv_head) * size_t(shape_.block_size) + size_t(slot)) * size_t(shape_.head_dim);
+  }
+  T* at(uint8_t* block, int kv_head, int slot) const { return reinterpret_cast<T*>(block) + offset(kv_head, slot); }
+  const T* at(const uint8_t* block, int kv_head, int slot) const {
+    return reinterpret_cast<const T*>(block) + offset(kv_head, slot);
   }
 };
 

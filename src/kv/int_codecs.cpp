@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/vector_ops.h"
@@ -103,10 +104,18 @@ inline __m512 hsum16(const __m512* v) {
 
 // Prefetches (into L2, where more misses can be in flight than L1 allows)
 // `bytes` bytes at p + t * row_stride for the n rows of a
-// block before the kernel walks them. The head slices of one block lie a row
-// apart: one slice per row is too little for the hardware prefetchers to
-// follow, so without this the kernel waits on a couple of misses at a time.
+// block before the kernel walks them. In token-major blocks the head slices
+// lie a row apart: one slice per row is too little for the hardware
+// prefetchers to follow, so without this the kernel waits on a couple of
+// misses at a time.
+// Contiguous rows (head-major blocks) are prefetched as one span.
 inline void prefetch_rows(const uint8_t* p, size_t row_stride, int n, size_t bytes) {
+  if (row_stride == bytes) {
+    const size_t total = size_t(n) * bytes;
+    for (size_t off = 0; off < total; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p + total - 1), _MM_HINT_T1);
+    return;
+  }
   for (int t = 0; t < n; ++t) {
     const uint8_t* r = p + size_t(t) * row_stride;
     for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(r + off), _MM_HINT_T1);
@@ -429,8 +438,11 @@ class SliceCodec : public KvCodec {
   }
 };
 
-// Token groups: per token, packed codes of the row, then one fp16 (scale,
-// min) pair per group of group_size values along the row.
+// Token groups: one fp16 (scale, min) pair per group of group_size values
+// along the row. Head-major when groups stay inside a head (group_size
+// divides head_dim) and a head's codes fill whole bytes: per KV head, codes
+// (block_size, head_dim) then pairs (block_size, head_dim / group_size).
+// Otherwise token-major: per token, packed codes of the row, then its pairs.
 template <int B>
 class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   using Base = SliceCodec<TokenGroupCodec<B>>;
@@ -441,7 +453,11 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       : Base(c, s),
         group_(c.group_size),
         code_bytes_(size_t(s.kv_dim()) * B / 8),
-        token_bytes_(code_bytes_ + size_t(s.kv_dim() / group_) * 2 * sizeof(fp16_t)) {
+        token_bytes_(code_bytes_ + size_t(s.kv_dim() / group_) * 2 * sizeof(fp16_t)),
+        head_major_(group_ <= s.head_dim && s.head_dim % group_ == 0 && s.head_dim * B % 8 == 0),
+        head_code_bytes_(size_t(s.head_dim) * B / 8),
+        head_groups_(s.head_dim / group_),
+        head_bytes_(size_t(s.block_size) * token_bytes_ / size_t(s.n_kv_heads)) {
 #if defined(__AVX512F__)
     using Order = simd::Lanes<B>;
     const int hd = s.head_dim;
@@ -459,27 +475,32 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
-    uint8_t* row = block + size_t(slot) * token_bytes_;
-    fp16_t* meta = reinterpret_cast<fp16_t*>(row + code_bytes_);
-    std::memset(row, 0, code_bytes_);
+    if (head_major_)
+      for (int h = 0; h < shape_.n_kv_heads; ++h) std::memset(code_row(block, slot, h), 0, head_code_bytes_);
+    else
+      std::memset(code_row(block, slot, 0), 0, code_bytes_);
     for (int g = 0; g * group_ < shape_.kv_dim(); ++g) {
       const float* xg = x + g * group_;
       const auto [lo, hi] = std::minmax_element(xg, xg + group_);
       const Affine a = fit_affine<B>(*lo, *hi);
-      meta[2 * g] = a.scale16;
-      meta[2 * g + 1] = a.min16;
+      fp16_t* meta = pair(block, slot, g);
+      meta[0] = a.scale16;
+      meta[1] = a.min16;
       const float inv = inverse(a.scale);
-      for (int d = 0; d < group_; ++d) set_code<B>(row, g * group_ + d, quantize<B>(xg[d], a.min, inv));
+      for (int d = 0; d < group_; ++d) {
+        const int e = g * group_ + d;
+        set_code<B>(code_row(block, slot, e / shape_.head_dim), index(e), quantize<B>(xg[d], a.min, inv));
+      }
     }
   }
 
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {
-    const uint8_t* row = block + size_t(slot) * token_bytes_;
-    const fp16_t* meta = reinterpret_cast<const fp16_t*>(row + code_bytes_);
+    const uint8_t* row = code_row(block, slot, kv_head);
     const int hd = shape_.head_dim, first = kv_head * hd;
     for (int d = 0; d < hd; ++d) {
-      const int e = first + d, g = e / group_;
-      out[d] = fp16_to_fp32(meta[2 * g + 1]) + fp16_to_fp32(meta[2 * g]) * float(get_code<B>(row, e));
+      const int e = first + d;
+      const fp16_t* meta = pair(block, slot, e / group_);
+      out[d] = fp16_to_fp32(meta[1]) + fp16_to_fp32(meta[0]) * float(get_code<B>(row, index(e)));
     }
   }
 
@@ -490,7 +511,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   struct HeadSource {
     using Order = simd::Lanes<B>;
     const uint8_t* block;
-    size_t token_bytes, code_off, meta_off;  // in bytes
+    size_t code_off, code_stride, meta_off, meta_stride;  // in bytes
     int head_dim;
     struct Cursor {
       const uint8_t* codes;
@@ -502,21 +523,21 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       }
     };
     void prefetch(int n) const {
-      simd::prefetch_rows(block + code_off, token_bytes, n, size_t(head_dim) * B / 8);
-      simd::prefetch_rows(block + meta_off, token_bytes, n, 2 * sizeof(fp16_t));
+      simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8);
+      simd::prefetch_rows(block + meta_off, meta_stride, n, 2 * sizeof(fp16_t));
     }
     Cursor token(int t) const {
-      const uint8_t* row = block + size_t(t) * token_bytes;
       fp16_t sm[2];
-      std::memcpy(sm, row + meta_off, sizeof sm);
-      return {row + code_off, _mm512_set1_ps(fp16_to_fp32(sm[0])), _mm512_set1_ps(fp16_to_fp32(sm[1]))};
+      std::memcpy(sm, block + meta_off + size_t(t) * meta_stride, sizeof sm);
+      return {block + code_off + size_t(t) * code_stride, _mm512_set1_ps(fp16_to_fp32(sm[0])),
+              _mm512_set1_ps(fp16_to_fp32(sm[1]))};
     }
   };
   // Up to 16 groups inside the head slice: per-lane scale and min.
   struct GroupSource {
     using Order = simd::Lanes<B>;
     const uint8_t* block;
-    size_t token_bytes, code_off, meta_off;  // in bytes
+    size_t code_off, code_stride, meta_off, meta_stride;  // in bytes
     int head_dim;
     __mmask16 group_mask;      // one bit per group of the head
     const int32_t* lane_group;  // (head_dim) group of each lane-order position
@@ -534,42 +555,71 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       }
     };
     void prefetch(int n) const {
-      simd::prefetch_rows(block + code_off, token_bytes, n, size_t(head_dim) * B / 8);
+      simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8);
       const size_t groups = size_t(__builtin_popcount(unsigned(group_mask)));
-      simd::prefetch_rows(block + meta_off, token_bytes, n, groups * 2 * sizeof(fp16_t));
+      simd::prefetch_rows(block + meta_off, meta_stride, n, groups * 2 * sizeof(fp16_t));
     }
     Cursor token(int t) const {
-      const uint8_t* row = block + size_t(t) * token_bytes;
-      Cursor cur{row + code_off, {}, {}, lane_group};
-      simd::split_pairs(_mm512_maskz_loadu_epi32(group_mask, row + meta_off), cur.scale, cur.min);
+      Cursor cur{block + code_off + size_t(t) * code_stride, {}, {}, lane_group};
+      simd::split_pairs(_mm512_maskz_loadu_epi32(group_mask, block + meta_off + size_t(t) * meta_stride), cur.scale,
+                        cur.min);
       return cur;
     }
   };
   template <class F>
   void with_source(const uint8_t* block, int kv_head, F&& f) const {
-    const int hd = shape_.head_dim, first = kv_head * hd;
-    const size_t code_off = size_t(first) * B / 8, meta_off = code_bytes_ + size_t(first / group_) * 2 * sizeof(fp16_t);
+    const int hd = shape_.head_dim;
+    const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(kv_head * hd) * B / 8;
+    const size_t meta_off = size_t(reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_)) - block);
+    const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
+    const size_t meta_stride = head_major_ ? size_t(head_groups_) * 2 * sizeof(fp16_t) : token_bytes_;
     if (group_ >= hd) {
-      f(HeadSource{block, token_bytes_, code_off, meta_off, hd});
+      f(HeadSource{block, code_off, code_stride, meta_off, meta_stride, hd});
     } else {
       const __mmask16 mask = __mmask16((1u << (hd / group_)) - 1);
-      f(GroupSource{block, token_bytes_, code_off, meta_off, hd, mask, lane_group_.data()});
+      f(GroupSource{block, code_off, code_stride, meta_off, meta_stride, hd, mask, lane_group_.data()});
     }
   }
 #endif
 
  private:
+  // Codes of token slot, starting at kv_head's first value (head-major; in
+  // token-major blocks the whole row, whatever kv_head is). Element e of the
+  // row is code index(e) there.
+  template <class P>
+  P* code_row(P* block, int slot, int kv_head) const {
+    if (head_major_) return block + size_t(kv_head) * head_bytes_ + size_t(slot) * head_code_bytes_;
+    return block + size_t(slot) * token_bytes_;
+  }
+  int index(int e) const { return head_major_ ? e % shape_.head_dim : e; }
+  // The (scale, min) pair of group g of the row of token slot.
+  template <class P>
+  auto* pair(P* block, int slot, int g) const {
+    using F = std::conditional_t<std::is_const_v<P>, const fp16_t, fp16_t>;
+    if (head_major_) {
+      P* meta = block + size_t(g / head_groups_) * head_bytes_ + size_t(shape_.block_size) * head_code_bytes_;
+      return reinterpret_cast<F*>(meta) + 2 * (size_t(slot) * head_groups_ + size_t(g % head_groups_));
+    }
+    return reinterpret_cast<F*>(block + size_t(slot) * token_bytes_ + code_bytes_) + 2 * size_t(g);
+  }
+
   int group_;
   size_t code_bytes_;   // packed codes of one token row
   size_t token_bytes_;  // codes + metadata of one token
+  bool head_major_;
+  size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
+  int head_groups_;         // groups per head (head-major)
+  size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
   bool simd_ = false;
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
 };
 
-// Channel groups (KIVI keys) and static per-channel scales. Dynamic: the block
-// holds packed codes (block_size rows), then per group of group_size tokens an
-// fp16 (scale, min) pair per channel, fitted over those tokens. Static: codes
-// only; the fixed per-channel ranges live in the codec.
+// Channel groups (KIVI keys) and static per-channel scales. Dynamic: per
+// group of group_size tokens an fp16 (scale, min) pair per channel, fitted
+// over those tokens. Static: codes only; the fixed per-channel ranges live in
+// the codec. Head-major when a head's codes fill whole bytes: per KV head,
+// codes (block_size, head_dim) then pairs (token group, head_dim). Otherwise
+// codes (block_size, kv_dim) rows, then pairs (token group, kv_dim).
 template <int B>
 class ChannelCodec final : public KvCodec {
  public:
@@ -577,7 +627,11 @@ class ChannelCodec final : public KvCodec {
       : KvCodec(c, s),
         static_(c.is_static()),
         group_(static_ ? s.block_size : c.group_size),
-        code_bytes_(size_t(s.kv_dim()) * B / 8) {
+        code_bytes_(size_t(s.kv_dim()) * B / 8),
+        head_major_(s.head_dim * B % 8 == 0),
+        head_code_bytes_(size_t(s.head_dim) * B / 8),
+        head_bytes_(size_t(s.block_size) * head_code_bytes_ +
+                    (static_ ? 0 : size_t(s.block_size / group_) * size_t(s.head_dim) * 2 * sizeof(fp16_t))) {
     if (static_) {
       for (int d = 0; d < s.kv_dim(); ++d) {
         const Affine a = fit_affine<B>(c.static_min[size_t(d)], std::max(c.static_max[size_t(d)], c.static_min[size_t(d)]));
@@ -610,11 +664,14 @@ class ChannelCodec final : public KvCodec {
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
     // Static scales only: values are clamped into the calibrated range.
-    uint8_t* row = block + size_t(slot) * code_bytes_;
-    std::memset(row, 0, code_bytes_);
+    if (head_major_)
+      for (int h = 0; h < shape_.n_kv_heads; ++h) std::memset(code_row(block, slot, h), 0, head_code_bytes_);
+    else
+      std::memset(code_row(block, slot, 0), 0, code_bytes_);
     for (int d = 0; d < shape_.kv_dim(); ++d) {
       const float v = std::clamp(x[d], static_min_[size_t(d)], static_max_[size_t(d)]);
-      set_code<B>(row, d, quantize<B>(v, static_min_[size_t(d)], inverse(static_scale_[size_t(d)])));
+      set_code<B>(code_row(block, slot, d / shape_.head_dim), index(d),
+                  quantize<B>(v, static_min_[size_t(d)], inverse(static_scale_[size_t(d)])));
     }
   }
 
@@ -627,7 +684,6 @@ class ChannelCodec final : public KvCodec {
     std::memset(block, 0, block_bytes());
     for (int tg = 0; tg * group_ < n; ++tg) {
       const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
-      fp16_t* meta = group_meta(block, tg);
       for (int d = 0; d < kv_dim; ++d) {
         float lo = x[size_t(t0) * kv_dim + d], hi = lo;
         for (int t = t0 + 1; t < t1; ++t) {
@@ -635,11 +691,13 @@ class ChannelCodec final : public KvCodec {
           hi = std::max(hi, x[size_t(t) * kv_dim + d]);
         }
         const Affine a = fit_affine<B>(lo, hi);
-        meta[2 * d] = a.scale16;
-        meta[2 * d + 1] = a.min16;
+        fp16_t* meta = pair(block, tg, d);
+        meta[0] = a.scale16;
+        meta[1] = a.min16;
         const float inv = inverse(a.scale);
         for (int t = t0; t < t1; ++t)
-          set_code<B>(block + size_t(t) * code_bytes_, d, quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
+          set_code<B>(code_row(block, t, d / shape_.head_dim), index(d),
+                      quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
       }
     }
   }
@@ -648,8 +706,9 @@ class ChannelCodec final : public KvCodec {
     const int kv_dim = shape_.kv_dim();
     std::vector<float> scale(static_cast<size_t>(kv_dim)), min(static_cast<size_t>(kv_dim));
     load_affine(block, slot / group_, 0, kv_dim, scale.data(), min.data());
-    const uint8_t* row = block + size_t(slot) * code_bytes_;
-    for (int d = 0; d < kv_dim; ++d) out[d] = min[size_t(d)] + scale[size_t(d)] * float(get_code<B>(row, d));
+    for (int d = 0; d < kv_dim; ++d)
+      out[d] = min[size_t(d)] +
+               scale[size_t(d)] * float(get_code<B>(code_row(block, slot, d / shape_.head_dim), index(d)));
   }
 
   // q·k_t = sum_d (q_d * scale_d) * code_td + sum_d q_d * min_d: one scaled
@@ -673,7 +732,7 @@ class ChannelCodec final : public KvCodec {
         for (int d = 0; d < hd; ++d) qs[d] = qi[d] * sc[d];
         const float bias = dot(qi, mn, hd);
         for (int t = t0; t < t1; ++t) {
-          unpack(block + size_t(t) * code_bytes_, first, hd, codes);
+          unpack(block, t, kv_head, codes);
           scores[i * stride + t] = scale * (dot(qs, codes, hd) + bias);
         }
       }
@@ -695,7 +754,7 @@ class ChannelCodec final : public KvCodec {
     for (int tg = 0; tg * group_ < n; ++tg) {
       load_affine(block, tg, first, hd, sc, mn);
       for (int t = tg * group_; t < std::min(n, (tg + 1) * group_); ++t) {
-        unpack(block + size_t(t) * code_bytes_, first, hd, codes);
+        unpack(block, t, kv_head, codes);
         for (int i = 0; i < n_q; ++i) {
           const float* qi = q + (size_t(t) * n_q + i) * hd;
           for (int d = 0; d < hd; ++d) qs[d] = qi[d] * sc[d];
@@ -723,7 +782,7 @@ class ChannelCodec final : public KvCodec {
       std::fill(acc, acc + size_t(n_q) * hd, 0.0f);
       std::vector<float> wsum(static_cast<size_t>(n_q), 0.0f);
       for (int t = t0; t < t1; ++t) {
-        unpack(block + size_t(t) * code_bytes_, first, hd, codes);
+        unpack(block, t, kv_head, codes);
         for (int i = 0; i < n_q; ++i) {
           const float w = weights[i * stride + t];
           wsum[size_t(i)] += w;
@@ -740,7 +799,7 @@ class ChannelCodec final : public KvCodec {
   struct Source {
     using Order = simd::Lanes<B>;
     const uint8_t* block;
-    size_t code_bytes, code_off;  // in bytes
+    size_t code_stride, code_off;  // in bytes
     int head_dim, group;
     const float *scale, *min;  // (token group, head_dim) lane order
     struct Cursor {
@@ -755,10 +814,10 @@ class ChannelCodec final : public KvCodec {
         }
       }
     };
-    void prefetch(int n) const { simd::prefetch_rows(block + code_off, code_bytes, n, size_t(head_dim) * B / 8); }
+    void prefetch(int n) const { simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8); }
     Cursor token(int t) const {
       const size_t g = size_t(t / group) * head_dim;
-      return {block + size_t(t) * code_bytes + code_off, scale + g, min + g};
+      return {block + size_t(t) * code_stride + code_off, scale + g, min + g};
     }
   };
   // REQUIRES: simd_. Converts the head's metadata of the token groups that
@@ -766,7 +825,8 @@ class ChannelCodec final : public KvCodec {
   Source source(const uint8_t* block, int n, int kv_head) const {
     using Order = simd::Lanes<B>;
     const int hd = shape_.head_dim, first = kv_head * hd;
-    Source src{block, code_bytes_, size_t(first) * B / 8, hd, group_, nullptr, nullptr};
+    const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(first) * B / 8;
+    Source src{block, head_major_ ? head_code_bytes_ : code_bytes_, code_off, hd, group_, nullptr, nullptr};
     if (static_) {
       src.scale = static_scale_lanes_.data() + first;
       src.min = static_min_lanes_.data() + first;
@@ -776,7 +836,7 @@ class ChannelCodec final : public KvCodec {
     float* buf = simd::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
     float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
     for (int tg = 0; tg < groups; ++tg) {
-      const fp16_t* meta = group_meta(block, tg) + 2 * size_t(first);
+      const fp16_t* meta = pair(block, tg, first);
       for (int d = 0; d < hd; d += 16) {
         __m512 s, m;
         simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
@@ -795,12 +855,27 @@ class ChannelCodec final : public KvCodec {
 #endif
 
  private:
-  fp16_t* group_meta(uint8_t* block, int tg) const {
-    return reinterpret_cast<fp16_t*>(block + size_t(shape_.block_size) * code_bytes_) + size_t(tg) * shape_.kv_dim() * 2;
+  // Codes of token slot, starting at kv_head's first channel (head-major; in
+  // token-major blocks the whole row, whatever kv_head is). Channel d of the
+  // row is code index(d) there.
+  template <class P>
+  P* code_row(P* block, int slot, int kv_head) const {
+    if (head_major_) return block + size_t(kv_head) * head_bytes_ + size_t(slot) * head_code_bytes_;
+    return block + size_t(slot) * code_bytes_;
   }
-  const fp16_t* group_meta(const uint8_t* block, int tg) const {
-    return reinterpret_cast<const fp16_t*>(block + size_t(shape_.block_size) * code_bytes_) +
-           size_t(tg) * shape_.kv_dim() * 2;
+  int index(int d) const { return head_major_ ? d % shape_.head_dim : d; }
+  // The (scale, min) pair of channel d for token group tg; the pairs of one
+  // head's channels are contiguous.
+  template <class P>
+  auto* pair(P* block, int tg, int d) const {
+    using F = std::conditional_t<std::is_const_v<P>, const fp16_t, fp16_t>;
+    const int hd = shape_.head_dim;
+    if (head_major_) {
+      P* meta = block + size_t(d / hd) * head_bytes_ + size_t(shape_.block_size) * head_code_bytes_;
+      return reinterpret_cast<F*>(meta) + 2 * (size_t(tg) * hd + size_t(d % hd));
+    }
+    return reinterpret_cast<F*>(block + size_t(shape_.block_size) * code_bytes_) +
+           2 * (size_t(tg) * shape_.kv_dim() + size_t(d));
   }
   // scale/min of channels [first, first + count) for token group tg.
   void load_affine(const uint8_t* block, int tg, int first, int count, float* scale, float* min) const {
@@ -809,14 +884,17 @@ class ChannelCodec final : public KvCodec {
       std::copy_n(static_min_.begin() + first, count, min);
       return;
     }
-    const fp16_t* meta = group_meta(block, tg);
     for (int d = 0; d < count; ++d) {
-      scale[d] = fp16_to_fp32(meta[2 * (first + d)]);
-      min[d] = fp16_to_fp32(meta[2 * (first + d) + 1]);
+      const fp16_t* meta = pair(block, tg, first + d);
+      scale[d] = fp16_to_fp32(meta[0]);
+      min[d] = fp16_to_fp32(meta[1]);
     }
   }
-  static void unpack(const uint8_t* row, int first, int count, float* out) {
-    for (int d = 0; d < count; ++d) out[d] = float(get_code<B>(row, first + d));
+  // The head_dim codes of kv_head for token t, as floats.
+  void unpack(const uint8_t* block, int t, int kv_head, float* out) const {
+    const int hd = shape_.head_dim;
+    const uint8_t* row = code_row(block, t, kv_head);
+    for (int d = 0; d < hd; ++d) out[d] = float(get_code<B>(row, index(kv_head * hd + d)));
   }
   static float* scratch(size_t n) {
     thread_local std::vector<float> buf;
@@ -827,6 +905,9 @@ class ChannelCodec final : public KvCodec {
   bool static_;
   int group_;          // tokens per (scale, min) group
   size_t code_bytes_;  // packed codes of one token row
+  bool head_major_;
+  size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
+  size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
   bool simd_ = false;
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
@@ -835,18 +916,23 @@ class ChannelCodec final : public KvCodec {
 // llama.cpp's q4_0: per token, blocks of 32 consecutive values with one fp16
 // scale d = (value of largest magnitude) / -8 and codes q = x / d + 8 in 0..15;
 // element j < 16 in the low nibble of byte j, element j + 16 in the high one.
+// Head-major when head_dim is a multiple of 32 (no block spans heads): per
+// KV head, (block_size, head_dim / 32) blocks; otherwise per token the row's
+// kv_dim / 32 blocks.
 class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
  public:
   static constexpr int kBlock = 32;
   static constexpr size_t kBlockBytes = sizeof(fp16_t) + kBlock / 2;
 
   Q4_0Codec(const KvCodecConfig& c, const KvBlockShape& s)
-      : SliceCodec(c, s), token_bytes_(size_t(s.kv_dim() / kBlock) * kBlockBytes) {}
+      : SliceCodec(c, s),
+        token_bytes_(size_t(s.kv_dim() / kBlock) * kBlockBytes),
+        head_major_(s.head_dim % kBlock == 0),
+        head_blocks_(s.head_dim / kBlock) {}
 
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
-    uint8_t* row = block + size_t(slot) * token_bytes_;
     for (int b = 0; b * kBlock < shape_.kv_dim(); ++b) {
       const float* xb = x + b * kBlock;
       float amax = 0, max = 0;
@@ -854,7 +940,7 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
         if (std::fabs(xb[j]) > amax) amax = std::fabs(xb[j]), max = xb[j];
       const fp16_t d16 = fp32_to_fp16(max / -8.0f);
       const float d = fp16_to_fp32(d16), id = d != 0 ? 1.0f / d : 0.0f;
-      uint8_t* out = row + size_t(b) * kBlockBytes;
+      uint8_t* out = at(block, slot, b);
       std::memcpy(out, &d16, sizeof d16);
       for (int j = 0; j < kBlock / 2; ++j) {
         const int lo = std::min(15, int(xb[j] * id + 8.5f));
@@ -865,11 +951,10 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
   }
 
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {
-    const uint8_t* row = block + size_t(slot) * token_bytes_;
     const int hd = shape_.head_dim, first = kv_head * hd;
     for (int i = 0; i < hd; ++i) {
       const int e = first + i, b = e / kBlock, j = e % kBlock;
-      const uint8_t* blk = row + size_t(b) * kBlockBytes;
+      const uint8_t* blk = at(block, slot, b);
       fp16_t d16;
       std::memcpy(&d16, blk, sizeof d16);
       const uint8_t byte = blk[sizeof(fp16_t) + (j % (kBlock / 2))];
@@ -907,13 +992,25 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
   };
   template <class F>
   void with_source(const uint8_t* block, int kv_head, F&& f) const {
-    const int hd = shape_.head_dim;
-    f(Source{block, token_bytes_, size_t(kv_head * hd / kBlock) * kBlockBytes, hd});
+    // simd_ready() implies head-major: a head's blocks for token t lie
+    // head_blocks_ * kBlockBytes apart.
+    f(Source{block, size_t(head_blocks_) * kBlockBytes, size_t(at(block, 0, kv_head * head_blocks_) - block),
+             shape_.head_dim});
   }
 #endif
 
  private:
+  // q4_0 block b (of the row's kv_dim / 32) of token slot.
+  template <class P>
+  P* at(P* block, int slot, int b) const {
+    if (!head_major_) return block + size_t(slot) * token_bytes_ + size_t(b) * kBlockBytes;
+    const int h = b / head_blocks_;
+    return block + ((size_t(h) * shape_.block_size + size_t(slot)) * head_blocks_ + size_t(b % head_blocks_)) * kBlockBytes;
+  }
+
   size_t token_bytes_;
+  bool head_major_;
+  int head_blocks_;  // q4_0 blocks per head (head-major)
 };
 
 template <int B>

@@ -8,18 +8,33 @@
 // kernel is specialised per codec; everything else is codec-blind. Keys and
 // values, and every layer, pick their codec independently.
 //
-// Layouts (one layer, K or V, one block; kv_dim = n_kv_heads * head_dim):
-//   fp32/fp16/bf16      (block_size, kv_dim) values, token-major
-//   int8/int4/int2,     per token: codes of kv_dim values (little-endian bit
-//   token groups          packing), then per group of group_size values along
-//                         the row an fp16 (scale, min) pair; x = min + scale * code
-//   int8/int4/int2,     codes (block_size, kv_dim) packed per token row, then per
-//   channel groups        channel (kv_dim) an fp16 (scale, min) pair over the
-//                         block's tokens (KIVI's layout for keys)
-//   static scales       as above without per-group metadata: fixed per-channel
-//                         ranges from calibration live in the codec itself
-//   q4_0 (llama.cpp)    per token: blocks of 32 consecutive values, each an
-//                         fp16 scale d and 16 bytes of nibbles, x = d * (nib - 8)
+// Layouts (one layer, K or V, one block; kv_dim = n_kv_heads * head_dim).
+// Head-major wherever the format allows: everything stored for KV head h
+// (codes and metadata of all the block's tokens) is the contiguous h-th of
+// n_kv_heads equal slices of the block, so a (block, kv_head) kernel call
+// reads one run of bytes, and callers may prefetch exactly that slice.
+//   fp32/fp16/bf16      (kv_head, block_size, head_dim) values
+//   int8/int4/int2,     head-major when group_size divides head_dim and a
+//   token groups          head's codes fill whole bytes (head_dim * bits % 8
+//                         == 0): per KV head, codes (block_size, head_dim)
+//                         (little-endian bit packing), then (block_size,
+//                         head_dim / group_size) fp16 (scale, min) pairs;
+//                         x = min + scale * code. Groups spanning heads:
+//                         token-major, per token the codes of the kv_dim row,
+//                         then a pair per group along the row
+//   int8/int4/int2,     head-major (same condition on bytes): per KV head,
+//   channel groups        codes (block_size, head_dim), then per token group
+//                         (of group_size tokens) a pair per channel:
+//                         (block_size / group_size, head_dim) pairs (KIVI's
+//                         layout for keys). Otherwise codes (block_size,
+//                         kv_dim) rows, then (token group, kv_dim) pairs
+//   static scales       as channel groups without per-group metadata: fixed
+//                         per-channel ranges from calibration live in the codec
+//   q4_0 (llama.cpp)    blocks of 32 consecutive values, each an fp16 scale d
+//                         and 16 bytes of nibbles, x = d * (nib - 8); when
+//                         head_dim % 32 == 0, per KV head (block_size,
+//                         head_dim / 32) blocks, else per token the row's
+//                         kv_dim / 32 blocks (a block may span heads)
 #pragma once
 
 #include <cstddef>
