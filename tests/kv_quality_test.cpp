@@ -49,12 +49,12 @@ TEST_F(KvQuality, Fp32AgainstItselfIsExact) {
 }
 
 TEST_F(KvQuality, PresetsDegradeInOrderOfTheirBits) {
-  // Bounds are 3-5x the KL measured on these 4 chunks (3e-6, 1e-5, 3.9e-4,
+  // Bounds are 3-5x the KL measured on these 4 chunks (3e-6, 2e-5, 4.6e-4,
   // 1.7e-2; BENCHMARKS.md has the 100-chunk numbers), so a codec regression
   // trips them.
   double last_kl = -1;
   for (const auto& [name, max_kl] : std::vector<std::pair<std::string, double>>{
-           {"fp16", 1e-5}, {"int8", 5e-5}, {"int4", 1.5e-3}, {"int2", 0.05}}) {
+           {"fp16", 1e-5}, {"int8", 8e-5}, {"int4", 1.5e-3}, {"int2", 0.05}}) {
     KvCacheOptions o;
     apply_kv_preset(o, name);
     const PerplexityResult r = run(o);

@@ -1,28 +1,44 @@
 #include "kernels/rope_table.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 
 namespace kvserve {
 
 RopeTable::RopeTable(int max_pos, int head_dim, float theta)
-    : max_pos_(max_pos), head_dim_(head_dim), table_(size_t(max_pos) * size_t(head_dim)) {
+    : max_pos_(max_pos), head_dim_(head_dim), table_(size_t(max_pos) * 2 * size_t(head_dim)) {
   const int pairs = head_dim / 2;
-  for (int pos = 0; pos < max_pos; ++pos)
+  for (int pos = 0; pos < max_pos; ++pos) {
+    float* c = table_.data() + size_t(pos) * 2 * head_dim;
+    float* s = c + head_dim;
     for (int i = 0; i < pairs; ++i) {
       // The same float expressions as rope(), so both paths rotate identically.
       const float freq = 1.0f / powf(theta, float(2 * i) / float(head_dim));
       const float val = float(pos) * freq;
-      table_[size_t(pos) * head_dim + 2 * i] = cosf(val);
-      table_[size_t(pos) * head_dim + 2 * i + 1] = sinf(val);
+      c[2 * i] = c[2 * i + 1] = cosf(val);
+      s[2 * i] = sinf(val);
+      s[2 * i + 1] = -s[2 * i];
     }
+  }
 }
 
 void RopeTable::rotate_back(const float* q, int pos, float* out) const {
-  const float* cs = at(pos);
-  for (int i = 0; i < head_dim_ / 2; ++i) {
-    const float c = cs[2 * i], s = cs[2 * i + 1], q0 = q[2 * i], q1 = q[2 * i + 1];
-    out[2 * i] = q0 * c + q1 * s;
-    out[2 * i + 1] = q1 * c - q0 * s;
+  // out[2i] = q[2i] c + q[2i+1] s;  out[2i+1] = q[2i+1] c - q[2i] s.
+  const float* c = table_.data() + size_t(pos) * 2 * head_dim_;
+  const float* s = c + head_dim_;
+  int d = 0;
+#if defined(__AVX512F__)
+  const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  for (; d + 16 <= head_dim_; d += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    const __m512 qs = _mm512_permutexvar_ps(swap, qv);
+    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + d), _mm512_mul_ps(qs, _mm512_loadu_ps(s + d))));
+  }
+#endif
+  for (; d < head_dim_; d += 2) {
+    out[d] = q[d] * c[d] + q[d + 1] * s[d];
+    out[d + 1] = q[d + 1] * c[d + 1] + q[d] * s[d + 1];
   }
 }
 

@@ -66,11 +66,13 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name) {
     options.residual = 0;
   } else if (name == "int8" || name == "int4" || name == "int2") {
     // The layout that measured best at each width (BENCHMARKS.md, "Presets"):
-    // keys per channel over a block and before RoPE (KIVI + KVQuant), values
-    // per token with one group per head, recent tokens in FP16.
+    // keys per channel over a block (KIVI), values per token with one group
+    // per head, recent tokens in FP16. Only INT2 needs keys stored before
+    // RoPE (KVQuant) to stay usable; at 8 and 4 bits it gains little and
+    // slows long-context decode (a query rotation per key).
     const KvDType t = parse_kv_dtype(name);
     options.k = {t, KvGrouping::Channel, 0, {}, {}};
-    options.k.pre_rope = true;
+    options.k.pre_rope = name == "int2";
     options.v = {t, KvGrouping::Token, 0, {}, {}};
     options.residual = (name == "int8" ? 1 : 2) * bs;
   } else {
