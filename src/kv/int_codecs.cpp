@@ -1,5 +1,7 @@
 #include "kv/int_codecs.h"
 
+#include "kv/attention_simd.h"
+
 // GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
 // "undefined" pass-through operands (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -81,47 +83,14 @@ inline float inverse(float s) { return s > 0 ? 1.0f / s : 0.0f; }
 // once per call, and accumulated outputs are permuted back once per call.
 namespace simd {
 
-// Lane t of the result = the horizontal sum of v[t], for 16 vectors.
-inline __m512 hsum16(const __m512* v) {
-  __m512 a[8], b[4], c[2];
-  #pragma GCC unroll 16
-  for (int i = 0; i < 8; ++i)  // quarters 0,1: token 2i; quarters 2,3: token 2i + 1
-    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  #pragma GCC unroll 16
-  for (int i = 0; i < 4; ++i)  // quarter q: token 4i + q
-    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
-  #pragma GCC unroll 16
-  for (int i = 0; i < 2; ++i)  // quarter q, lanes: token 8i + q, 8i + 4 + q (twice)
-    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
-  // Lane 4q + r holds token 4r + q; transpose back.
-  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_permutexvar_ps(idx, d);
-}
+#if defined(__AVX512F__)
+using kvserve::simd::hsum16;
+#endif
+using kvserve::simd::prefetch_rows;
 
-// Prefetches (into L2, where more misses can be in flight than L1 allows)
-// `bytes` bytes at p + t * row_stride for the n rows of a
-// block before the kernel walks them. In token-major blocks the head slices
-// lie a row apart: one slice per row is too little for the hardware
-// prefetchers to follow, so without this the kernel waits on a couple of
-// misses at a time.
-// Contiguous rows (head-major blocks) are prefetched as one span.
-inline void prefetch_rows(const uint8_t* p, size_t row_stride, int n, size_t bytes) {
-  if (row_stride == bytes) {
-    const size_t total = size_t(n) * bytes;
-    for (size_t off = 0; off < total; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(p + total - 1), _MM_HINT_T1);
-    return;
-  }
-  for (int t = 0; t < n; ++t) {
-    const uint8_t* r = p + size_t(t) * row_stride;
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(r + off), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(r + bytes - 1), _MM_HINT_T1);
-  }
-}
+
+
+
 
 // 16 (scale, min) fp16 pairs, one per 32-bit word, split into two float vectors.
 inline void split_pairs(__m512i words, __m512& scale, __m512& min) {
