@@ -31,6 +31,7 @@
 
 #include "kernels/vector_ops.h"
 #include "kv/kv_codec.h"
+#include "util/memory_bandwidth.h"
 #include "util/aligned_buffer.h"
 #include "util/thread_pool.h"
 
@@ -189,28 +190,9 @@ BENCHMARK(BM_Attention)->Apply(attention_args);
 // read bandwidth a memory-bound decode step can hope for.
 void BM_MemoryRead(benchmark::State& state) {
   const size_t bytes = size_t(512) << 20;
-  const int threads = int(state.range(0));
-  static AlignedBuffer<uint8_t> buffer(bytes);  // zeroed, so every page is really mapped
-  ThreadPool pool(threads);
-  std::vector<double> sums(static_cast<size_t>(threads));
-  const int64_t lines = int64_t(bytes / 64);
-  for (auto _ : state) {
-    pool.parallel_for(lines, 1024, [&](int64_t begin, int64_t end, int t) {
-      const auto* p = reinterpret_cast<const __m512i*>(buffer.data());
-      __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-      int64_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 3));
-      }
-      for (; i < end; ++i) a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
-      const __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
-      sums[size_t(t)] = double(_mm512_reduce_add_epi64(s));
-    });
-    benchmark::DoNotOptimize(sums.data());
-  }
+  static AlignedBuffer<float> buffer(bytes / sizeof(float));  // zeroed, so every page is really mapped
+  ThreadPool pool(int(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(sum_buffer(pool, buffer.data(), buffer.size()));
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
 }
 BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();

@@ -11,37 +11,42 @@
 
 namespace kvserve {
 
+float sum_buffer(ThreadPool& pool, const float* data, size_t n) {
+  std::vector<float> sinks(size_t(pool.num_threads()) * 16, 0.0f);
+  pool.parallel_for(int64_t(n), 4096, [&](int64_t begin, int64_t end, int thread) {
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = begin;
+    for (; i + 64 <= end; i += 64) {
+      a0 = _mm512_add_ps(a0, _mm512_load_ps(data + i));
+      a1 = _mm512_add_ps(a1, _mm512_load_ps(data + i + 16));
+      a2 = _mm512_add_ps(a2, _mm512_load_ps(data + i + 32));
+      a3 = _mm512_add_ps(a3, _mm512_load_ps(data + i + 48));
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+    float s = 0;
+    int64_t i = begin;
+#endif
+    for (; i < end; ++i) s += data[i];
+    sinks[size_t(thread) * 16] += s;  // one cache line per thread: no false sharing
+  });
+  float total = 0;
+  for (float s : sinks) total += s;
+  return total;
+}
+
 double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int repeats) {
   const size_t n = bytes / sizeof(float) / 64 * 64;
   AlignedBuffer<float> buf(n);
   for (size_t i = 0; i < n; i += 1024) buf[i] = float(i);  // commit every page
-  std::vector<float> sinks(static_cast<size_t>(pool.num_threads()) * 16, 0.0f);
   double best = 0;
+  volatile float keep = 0;
   for (int r = 0; r < repeats; ++r) {
     Timer t;
-    pool.parallel_for(int64_t(n), 4096, [&](int64_t begin, int64_t end, int thread) {
-      const float* p = buf.data();
-#if defined(__AVX512F__)
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      int64_t i = begin;
-      for (; i + 64 <= end; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-      }
-      float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-      float s = 0;
-      int64_t i = begin;
-#endif
-      for (; i < end; ++i) s += p[i];
-      sinks[size_t(thread) * 16] += s;  // one cache line per thread: no false sharing
-    });
+    keep = keep + sum_buffer(pool, buf.data(), n);
     best = std::max(best, double(n * sizeof(float)) / t.seconds() / 1e9);
   }
-  volatile float keep = sinks[0];
-  (void)keep;
   return best;
 }
 

@@ -8,6 +8,10 @@ namespace kvserve {
 
 class ThreadPool;
 
+// Sums n floats with all of the pool's threads (64-byte aligned loads): the
+// read loop behind the bandwidth figures. REQUIRES: data 64-byte aligned.
+float sum_buffer(ThreadPool& pool, const float* data, size_t n);
+
 // Reads a buffer of `bytes` (well beyond the last-level cache) `repeats`
 // times with all of the pool's threads; returns the best rate in GB/s (1e9).
 double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes = size_t(1) << 30, int repeats = 5);
