@@ -31,8 +31,8 @@
 
 #include "kernels/vector_ops.h"
 #include "kv/kv_codec.h"
-#include "util/memory_bandwidth.h"
 #include "util/aligned_buffer.h"
+#include "util/memory_bandwidth.h"
 #include "util/thread_pool.h"
 
 namespace kvserve {

@@ -24,9 +24,9 @@
 
 #include "kernels/matmul.h"
 #include "kernels/weight_matrix.h"
-#include "util/memory_bandwidth.h"
 #include "util/aligned_buffer.h"
 #include "util/half.h"
+#include "util/memory_bandwidth.h"
 #include "util/thread_pool.h"
 
 namespace kvserve {
