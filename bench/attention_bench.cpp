@@ -13,13 +13,7 @@
 //   build-codec/attention_bench --benchmark_filter='Attention|MemoryRead'
 #include <benchmark/benchmark.h>
 
-// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
-// "undefined" pass-through operands (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <algorithm>
 #include <cmath>

@@ -15,13 +15,7 @@
 // per token and block pair (one extra vpdpbusd) and seeds every row's sum.
 #include "kernels/matmul.h"
 
-// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
-// "undefined" pass-through operands (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 #include "kernels/rope_table.h"
 
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <cmath>
 

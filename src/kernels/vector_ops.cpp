@@ -7,13 +7,7 @@
 // attention at long context.
 #include "kernels/vector_ops.h"
 
-// GCC 12's AVX-512 intrinsic headers trip -Wuninitialized on their own
-// "undefined" pass-through operands (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <algorithm>
 #include <cmath>

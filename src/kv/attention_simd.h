@@ -1,7 +1,7 @@
 // SIMD helpers shared by the KV codecs' attention kernels.
 #pragma once
 
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <cstddef>
 

@@ -2,7 +2,7 @@
 // target machines have; BF16 rounds to nearest even.
 #pragma once
 
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <cstdint>
 #include <cstring>

@@ -1,6 +1,6 @@
 #include "util/memory_bandwidth.h"
 
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <algorithm>
 #include <cstring>

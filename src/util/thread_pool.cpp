@@ -1,6 +1,6 @@
 #include "util/thread_pool.h"
 
-#include <immintrin.h>
+#include "util/simd.h"
 
 #include <algorithm>
 #include <chrono>
