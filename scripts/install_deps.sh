@@ -2,7 +2,8 @@
 # Installs the Debian packages kvserve builds against, when any is missing.
 set -euo pipefail
 packages=(cmake g++ make pkg-config libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-          libfmt-dev libicu-dev)
+          libfmt-dev libicu-dev libxxhash-dev libssl-dev libcpp-httplib-dev libhiredis-dev redis-server
+          libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
