@@ -1,0 +1,268 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "util/error.h"
+#include "util/timer.h"
+
+namespace kvserve {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "none";
+}
+
+Engine::Engine(const Model& model, const EngineOptions& options)
+    : model_(model),
+      options_(options),
+      pool_(options.threads == 0 ? default_thread_count() : options.threads),
+      cache_(model.config(), options.kv),
+      transformer_(model, pool_),
+      scheduler_(options.scheduler, cache_),
+      epoch_(std::chrono::steady_clock::now()) {
+  if (options.threads < 0) fail("threads must be >= 0 (got {})", options.threads);
+  if (options.max_waiting <= 0) fail("the waiting queue must hold at least one request (got {})", options.max_waiting);
+  tokenizer_ = model.tokenizer();
+  if (tokenizer_) {
+    bos_id_ = tokenizer_->bos_id();
+    eos_id_ = tokenizer_->eos_id();
+  }
+  local_.kv = cache_.stats();
+  stats_ = local_;
+}
+
+Engine::~Engine() {
+  if (started_) shutdown(false);
+}
+
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+}
+
+SubmitResult Engine::submit(Request r) {
+  const ModelConfig& c = model_.config();
+  auto invalid = [](std::string message) {
+    return SubmitResult{SubmitResult::Status::Invalid, 0, std::move(message)};
+  };
+  if (r.prompt.empty()) return invalid("the prompt has no tokens");
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= c.vocab_size)
+      return invalid(fmt::format("token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  if (r.max_tokens < 1) return invalid(fmt::format("max_tokens must be at least 1 (got {})", r.max_tokens));
+  const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
+  if (int64_t(r.prompt.size()) >= c.seq_len)
+    return invalid(fmt::format("the prompt has {} tokens; the model's context length is {}", r.prompt.size(), c.seq_len));
+  if (total > c.seq_len)
+    return invalid(fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length of {}",
+                               r.prompt.size(), r.max_tokens, total, c.seq_len));
+  if (!cache_.fits(total))
+    return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", total,
+                               cache_.blocks_for(total), cache_.pool().num_blocks()));
+  try {
+    r.sampling.validate();
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  for (const std::string& s : r.stop)
+    if (s.empty()) return invalid("stop strings must not be empty");
+
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  if (stopping_) return SubmitResult{SubmitResult::Status::QueueFull, 0, "the server is shutting down"};
+  if (int64_t(inbox_.requests.size()) + waiting_.load() >= options_.max_waiting) {
+    std::lock_guard<std::mutex> s(stats_mutex_);
+    ++stats_.requests_rejected;
+    return SubmitResult{SubmitResult::Status::QueueFull, 0, "too many requests are waiting"};
+  }
+  const RequestId id = next_id_++;
+  inbox_.requests.push_back(std::make_unique<Sequence>(id, std::move(r), next_order_++, now()));
+  inbox_cv_.notify_one();
+  return SubmitResult{SubmitResult::Status::Accepted, id, {}};
+}
+
+void Engine::cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  inbox_.cancels.push_back(id);
+  inbox_cv_.notify_one();
+}
+
+void Engine::absorb_inbox() {
+  Inbox in;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    std::swap(in, inbox_);
+  }
+  for (auto& seq : in.requests) {
+    ++local_.requests_submitted;
+    scheduler_.add(seq.get());
+    sequences_.emplace(seq->id(), std::move(seq));
+  }
+  for (RequestId id : in.cancels) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end()) finish(it->second.get(), FinishReason::Cancelled, -1, it->second->take_held_text());
+  }
+}
+
+void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error) {
+  scheduler_.finish(seq);
+  RequestEvent ev;
+  ev.id = seq->id();
+  ev.token = token;
+  ev.text = std::move(text);
+  ev.finish = reason;
+  ev.error = std::move(error);
+  ev.usage = {seq->num_prompt(), seq->num_generated(), seq->cached_tokens};
+  ev.ttft_seconds = seq->first_token_seconds > 0 ? seq->first_token_seconds - seq->arrival_seconds() : 0;
+  ++local_.requests_finished;
+  switch (reason) {
+    case FinishReason::Stop: ++local_.finished_stop; break;
+    case FinishReason::Length: ++local_.finished_length; break;
+    case FinishReason::Cancelled: ++local_.finished_cancelled; break;
+    default: ++local_.finished_error; break;
+  }
+  local_.e2e.observe(now() - seq->arrival_seconds());
+  if (seq->request().on_event) seq->request().on_event(ev);
+  sequences_.erase(seq->id());
+}
+
+void Engine::on_logits(Sequence* seq, const float* logits) {
+  const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size);
+  const double t = now();
+  if (seq->first_token_seconds == 0) {
+    seq->first_token_seconds = t;
+    local_.ttft.observe(t - seq->arrival_seconds());
+  } else {
+    local_.tpot.observe(t - seq->last_token_seconds);
+  }
+  seq->last_token_seconds = t;
+  if (seq->request().stop_at_eos && (next == eos_id_ || next == bos_id_)) {
+    finish(seq, FinishReason::Stop, -1, seq->take_held_text());
+    return;
+  }
+  const int32_t prev = seq->tokens().back();
+  const Sequence::Appended a = seq->append(next, tokenizer_ ? tokenizer_->decode_piece(prev, next) : std::string());
+  ++local_.generated_tokens;
+  if (a.stopped) {
+    finish(seq, FinishReason::Stop, next, a.text);
+    return;
+  }
+  // Submit guaranteed prompt + max_tokens <= the context length.
+  if (seq->num_generated() >= seq->request().max_tokens) {
+    finish(seq, FinishReason::Length, next, a.text + seq->take_held_text());
+    return;
+  }
+  RequestEvent ev;
+  ev.id = seq->id();
+  ev.token = next;
+  ev.text = a.text;
+  ev.usage = {seq->num_prompt(), seq->num_generated(), seq->cached_tokens};
+  ev.ttft_seconds = seq->first_token_seconds - seq->arrival_seconds();
+  if (seq->request().on_event) seq->request().on_event(ev);
+}
+
+bool Engine::step() {
+  assert(!started_);
+  return run_step();
+}
+
+bool Engine::run_step() {
+  absorb_inbox();
+  SchedulePlan plan = scheduler_.schedule();
+  local_.preemptions += int64_t(plan.preempted.size());
+  for (Sequence* seq : plan.admitted) {
+    if (seq->preemptions > 0) continue;  // counted at its first admission
+    local_.prompt_tokens += seq->num_prompt();
+    local_.cached_prompt_tokens += seq->cached_tokens;
+  }
+  if (plan.empty()) {
+    publish_stats();
+    return false;
+  }
+  Timer timer;
+  std::vector<BatchEntry> batch(plan.chunks.size());
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    Sequence* seq = plan.chunks[i].seq;
+    batch[i].table = &seq->table;
+    batch[i].tokens = std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
+  }
+  try {
+    transformer_.forward(batch, cache_, logits_);
+  } catch (const Error& e) {
+    for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, e.what());
+    publish_stats();
+    return true;
+  }
+  local_.prefill_tokens_computed += plan.prefill_tokens;
+  ++local_.steps;
+  local_.max_running = std::max(local_.max_running, int32_t(scheduler_.num_running()));
+  // Snapshot the KV use before finished sequences give their blocks back.
+  local_.kv_bytes_peak = std::max(local_.kv_bytes_peak, cache_.stats().bytes_used);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    Sequence* seq = plan.chunks[i].seq;
+    seq->num_computed += plan.chunks[i].n_tokens;
+    if (seq->num_pending() == 0) on_logits(seq, logits_.last(i, batch));
+  }
+  local_.busy_seconds += timer.seconds();
+  publish_stats();
+  return true;
+}
+
+void Engine::publish_stats() {
+  local_.running = int32_t(scheduler_.num_running());
+  local_.waiting = int32_t(scheduler_.num_waiting());
+  local_.kv = cache_.stats();
+  waiting_.store(local_.waiting);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex
+  stats_ = local_;
+  stats_.requests_rejected = rejected;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return stats_;
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+void Engine::start() {
+  if (started_.exchange(true)) fail("the engine is already running");
+  thread_ = std::thread([this] {
+    bool worked = false;  // the last step ran the model: more work may follow without new input
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(inbox_mutex_);
+        inbox_cv_.wait(lock, [&] { return worked || stopping_ || !inbox_.requests.empty() || !inbox_.cancels.empty(); });
+        if (stopping_ && (!drain_ || (sequences_.empty() && inbox_.requests.empty()))) break;
+      }
+      worked = run_step();
+    }
+    // Whatever is left is cancelled so every request gets its final event.
+    absorb_inbox();
+    std::vector<Sequence*> left;
+    for (auto& [id, seq] : sequences_) left.push_back(seq.get());
+    for (Sequence* seq : left) finish(seq, FinishReason::Cancelled, -1, seq->take_held_text());
+    publish_stats();
+  });
+}
+
+void Engine::shutdown(bool drain) {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    stopping_ = true;
+    drain_ = drain;
+    inbox_cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kvserve

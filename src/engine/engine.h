@@ -1,0 +1,150 @@
+// The serving engine: requests in, tokens out, many sequences batched into
+// each forward pass. Owns the KV cache, the transformer and the scheduler;
+// runs them on one engine thread (start()) or synchronously (step()).
+//
+//   submit() ──> inbox ──> Scheduler (waiting → running, preemption)
+//                              │ plan: chunks of prompts + decode tokens
+//                              ▼
+//                  Transformer::forward(batch) ──> sample ──> RequestCallback
+//
+// Thread safety: submit, cancel, stats and shutdown may be called from any
+// thread; step/run_until_idle only when start() was not called. Callbacks run
+// on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/transformer.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "util/histogram.h"
+#include "util/thread_pool.h"
+
+namespace kvserve {
+
+struct EngineOptions {
+  KvCacheOptions kv;              // the cache every sequence shares
+  SchedulerOptions scheduler;
+  int32_t max_waiting = 256;      // queued requests (not yet running) beyond which submit says QueueFull
+  int threads = 0;                // compute threads; 0 = all hardware threads
+};
+
+struct SubmitResult {
+  enum class Status : uint8_t { Accepted, QueueFull, Invalid };
+  Status status = Status::Accepted;
+  RequestId id = 0;               // with Accepted
+  std::string error;              // with Invalid: what is wrong, for the client
+};
+
+// A consistent snapshot of the engine's counters (totals since start).
+struct EngineStats {
+  int64_t requests_submitted = 0;
+  int64_t requests_rejected = 0;        // queue full
+  int64_t requests_finished = 0;        // all reasons
+  int64_t finished_stop = 0, finished_length = 0, finished_cancelled = 0, finished_error = 0;
+  int64_t prompt_tokens = 0;            // prompt tokens of admitted requests (first admission)
+  int64_t cached_prompt_tokens = 0;     // of those, served by the prefix cache
+  int64_t prefill_tokens_computed = 0;  // tokens run through the model as prefill (recompute included)
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t max_running = 0;              // most sequences running in one step
+  KvStats kv;
+  int64_t kv_bytes_peak = 0;            // most KV bytes in use after a step
+  std::string kv_codec;                 // the cache's codecs, e.g. "fp16" or "K int4/channel V int4/token"
+  Histogram ttft = Histogram::latency_seconds();   // arrival → first token
+  Histogram tpot = Histogram::latency_seconds();   // between consecutive tokens of a request
+  Histogram e2e = Histogram::latency_seconds();    // arrival → last event
+  double busy_seconds = 0;              // time spent in steps that ran the model
+};
+
+class Engine {
+ public:
+  // The model must outlive the engine. Throws kvserve::Error on bad options.
+  Engine(const Model& model, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Invalid: empty prompt, token ids out of
+  // range, max_tokens < 1, prompt + max_tokens past the context length or the
+  // whole KV cache, bad sampling options, empty stop strings.
+  SubmitResult submit(Request request);
+  // Asks for a request to end; its final event has FinishReason::Cancelled and
+  // its blocks go back to the cache. Unknown or finished ids are ignored.
+  void cancel(RequestId id);
+
+  // Runs steps on a background thread until shutdown().
+  void start();
+  // Stops the background thread. drain: first run every queued and running
+  // request to its end; otherwise cancel them (each gets its final event).
+  void shutdown(bool drain);
+
+  // Synchronous driving (tests, benchmarks, CLI): one step; false when there
+  // was nothing to do. REQUIRES: start() was not called.
+  bool step();
+  void run_until_idle();
+
+  EngineStats stats() const;
+  const ModelConfig& config() const { return model_.config(); }
+  const Model& model() const { return model_; }
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  struct Inbox {
+    std::vector<std::unique_ptr<Sequence>> requests;
+    std::vector<RequestId> cancels;
+  };
+
+  bool run_step();                        // the body of step(), on the engine thread
+  void absorb_inbox();
+  void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {});
+  void on_logits(Sequence* seq, const float* logits);
+  void publish_stats();
+  double now() const;
+
+  const Model& model_;
+  EngineOptions options_;
+  ThreadPool pool_;
+  KvCache cache_;
+  Transformer transformer_;
+  Scheduler scheduler_;
+  int32_t bos_id_ = 1, eos_id_ = 2;
+  const Tokenizer* tokenizer_ = nullptr;
+  std::chrono::steady_clock::time_point epoch_;
+
+  // Engine-thread state.
+  std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting or running
+  Logits logits_;
+  EngineStats local_;                     // updated during a step, copied to stats_ after it
+
+  std::mutex inbox_mutex_;                // guards inbox_, next_id_, next_order_, stopping_, drain_
+  std::condition_variable inbox_cv_;
+  Inbox inbox_;
+  RequestId next_id_ = 1;
+  uint64_t next_order_ = 0;
+  bool stopping_ = false;
+  bool drain_ = false;
+  std::atomic<int32_t> waiting_{0};       // the scheduler's waiting queue, published after each step
+
+  mutable std::mutex stats_mutex_;        // guards stats_
+  EngineStats stats_;
+
+  std::thread thread_;
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace kvserve

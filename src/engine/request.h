@@ -1,0 +1,60 @@
+// What a client asks of the engine and what the engine tells it back: a
+// Request goes in through Engine::submit; RequestEvents come out, one per
+// generated token and a final one, on the engine's thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace kvserve {
+
+using RequestId = uint64_t;
+
+enum class FinishReason : uint8_t {
+  None,       // still running
+  Stop,       // end-of-sequence token or a stop string
+  Length,     // max_tokens generated, or the model's context is full
+  Cancelled,  // the client went away or asked to stop
+  Error,      // the request could not be served (message in the event)
+};
+std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+// Token counts in OpenAI's terms.
+struct RequestUsage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
+};
+
+// One thing the engine reports about a request, on the engine's thread.
+struct RequestEvent {
+  RequestId id = 0;
+  int32_t token = -1;             // the new token, or -1 in a final event without one
+  std::string text;               // its text (held back while it may start a stop string)
+  FinishReason finish = FinishReason::None;  // != None: the last event of this request
+  std::string error;              // with FinishReason::Error
+  RequestUsage usage;             // up to date at every event
+  double ttft_seconds = 0;        // arrival to first token (0 until known)
+};
+
+// Receives a request's events in order. Runs on the engine thread: keep it
+// short (hand the event to another thread); it must not call back into the
+// engine except Engine::cancel.
+using RequestCallback = std::function<void(const RequestEvent&)>;
+
+struct Request {
+  std::vector<int32_t> prompt;    // token ids, BOS included when wanted
+  int32_t max_tokens = 16;        // tokens to generate, >= 1
+  SamplerOptions sampling;
+  bool stop_at_eos = true;        // stop at the tokenizer's EOS (and BOS, as llama2.c)
+  std::vector<std::string> stop;  // stop strings: generation ends before the first match
+  std::string tenant;             // authenticated tenant (set by the server, not the client)
+  RequestCallback on_event;
+};
+
+}  // namespace kvserve

@@ -1,0 +1,143 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "util/error.h"
+
+namespace kvserve {
+
+void SchedulerOptions::validate() const {
+  if (max_num_seqs <= 0) fail("--max-num-seqs must be positive (got {})", max_num_seqs);
+  if (max_batch_prefill_tokens <= 0)
+    fail("--max-batch-prefill-tokens must be positive (got {})", max_batch_prefill_tokens);
+  if (prefix_lookahead <= 0) fail("prefix lookahead must be positive (got {})", prefix_lookahead);
+  if (max_skips < 0) fail("max skips must be >= 0 (got {})", max_skips);
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, KvCache& cache, PrefixHooks prefix)
+    : options_(options), cache_(cache), prefix_(std::move(prefix)) {
+  options_.validate();
+  const int32_t total = cache.pool().num_blocks();
+  watermark_ = options_.watermark_blocks >= 0 ? options_.watermark_blocks : std::max(1, total / 100);
+}
+
+void Scheduler::insert_waiting(Sequence* seq) {
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+                             [](const Sequence* a, const Sequence* b) { return a->order() < b->order(); });
+  waiting_.insert(it, seq);
+}
+
+void Scheduler::add(Sequence* seq) {
+  seq->state = SequenceState::Waiting;
+  insert_waiting(seq);
+}
+
+void Scheduler::release(Sequence& seq) {
+  if (prefix_.release) prefix_.release(seq);
+  else cache_.release(seq.table);
+  seq.num_computed = 0;
+}
+
+void Scheduler::finish(Sequence* seq) {
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) {
+    running_.erase(it);
+    release(*seq);
+  } else if (auto w = std::find(waiting_.begin(), waiting_.end(), seq); w != waiting_.end()) {
+    waiting_.erase(w);
+  }
+  seq->state = SequenceState::Finished;
+}
+
+void Scheduler::preempt(Sequence* seq, SchedulePlan& plan) {
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  release(*seq);
+  seq->cached_tokens = 0;
+  ++seq->preemptions;
+  ++preemptions_;
+  seq->state = SequenceState::Waiting;
+  insert_waiting(seq);
+  plan.preempted.push_back(seq);
+}
+
+size_t Scheduler::pick_waiting() {
+  if (!options_.prefix_aware || !prefix_.cached_tokens || waiting_.front()->skipped >= options_.max_skips)
+    return 0;
+  size_t best = 0;
+  int32_t best_cached = prefix_.cached_tokens(*waiting_.front());
+  const size_t n = std::min(waiting_.size(), size_t(options_.prefix_lookahead));
+  for (size_t i = 1; i < n; ++i) {
+    const int32_t c = prefix_.cached_tokens(*waiting_[i]);
+    if (c > best_cached) best = i, best_cached = c;
+  }
+  for (size_t i = 0; i < best; ++i) ++waiting_[i]->skipped;
+  return best;
+}
+
+bool Scheduler::admit(Sequence* seq) {
+  assert(seq->table.blocks.empty());
+  const int32_t matched = prefix_.match ? prefix_.match(*seq) : 0;
+  seq->num_computed = matched;
+  seq->cached_tokens = std::min(matched, seq->num_prompt());
+  const int32_t need = cache_.blocks_for(int64_t(seq->tokens().size())) - int32_t(seq->table.blocks.size());
+  // The watermark keeps room for running decodes; with nothing running, the
+  // whole pool is the sequence's.
+  const int32_t watermark = running_.empty() ? 0 : watermark_;
+  if (cache_.pool().num_free() < need + watermark || !cache_.reserve(seq->table, seq->num_pending())) {
+    release(*seq);
+    seq->cached_tokens = 0;
+    return false;
+  }
+  seq->prefill_end = int32_t(seq->tokens().size());
+  return true;
+}
+
+SchedulePlan Scheduler::schedule() {
+  SchedulePlan plan;
+  int32_t budget = options_.max_batch_prefill_tokens;
+
+  // 1-2. Running sequences, oldest first. Victims are taken from the back, so
+  // a victim has never been planned in this step.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i];
+    if (seq->decoding()) {
+      bool self_preempted = false;
+      while (!cache_.reserve(seq->table, seq->num_pending())) {
+        Sequence* victim = running_.back();
+        self_preempted = victim == seq;
+        preempt(victim, plan);
+        if (self_preempted) break;
+      }
+      if (self_preempted) break;  // it was the youngest: nothing after it remains
+      plan.chunks.push_back({seq, seq->num_pending()});
+    } else if (budget > 0) {
+      const int32_t n = std::min(budget, seq->num_pending());
+      budget -= n;
+      plan.prefill_tokens += n;
+      plan.chunks.push_back({seq, n});
+    }
+  }
+
+  // 3-4. Admission, unless memory was short this very step.
+  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+         int32_t(running_.size()) < options_.max_num_seqs) {
+    const size_t pick = pick_waiting();
+    Sequence* seq = waiting_[pick];
+    if (!admit(seq)) break;
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(pick));
+    seq->state = SequenceState::Running;
+    running_.insert(std::upper_bound(running_.begin(), running_.end(), seq,
+                                     [](const Sequence* a, const Sequence* b) { return a->order() < b->order(); }),
+                    seq);
+    plan.admitted.push_back(seq);
+    // A preempted sequence that had been decoding comes back with its generated
+    // tokens to recompute; they are prefill work like the prompt.
+    const int32_t n = std::min(budget, seq->num_pending());
+    budget -= n;
+    plan.prefill_tokens += n;
+    plan.chunks.push_back({seq, n});
+  }
+  return plan;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,112 @@
+// Continuous batching: decides, once per step, which sequences run and how
+// many of their pending tokens, within the KV memory, max_num_seqs and the
+// per-step prompt-token budget. One step = one batched forward pass in which
+// chunks of prompts and single decode tokens run together.
+//
+// Rules, in priority order (older requests first everywhere):
+//  1. Every running sequence that is decoding gets one token. When its next
+//     token needs a block and none is free, the youngest running sequence is
+//     preempted (recompute: its blocks are freed and it goes back to the
+//     front of the waiting queue, keeping its age, to be prefilled again).
+//  2. Running sequences still prefilling get chunks of their prompt from the
+//     remaining budget of max_batch_prefill_tokens.
+//  3. Waiting sequences are admitted while the budget, max_num_seqs and the
+//     free blocks allow. Admission reserves blocks for the sequence's whole
+//     pending prompt at once (plus a watermark), so an admitted prompt never
+//     needs a block mid-prefill and a long request cannot be admitted,
+//     preempted and readmitted in a loop. The oldest waiting request that does
+//     not fit blocks those behind it (no starvation of long prompts).
+//  4. Prefix-aware ordering: among the first `prefix_lookahead` waiting
+//     requests, one whose prompt starts with cached blocks is admitted first,
+//     so requests sharing a prefix run while it is hot; a request passed over
+//     `max_skips` times is admitted next regardless (fairness).
+//
+// Thread safety: none; the engine thread owns the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "engine/sequence.h"
+#include "kv/kv_cache.h"
+
+namespace kvserve {
+
+struct SchedulerOptions {
+  int32_t max_num_seqs = 64;                // sequences running at once (vLLM's name)
+  int32_t max_batch_prefill_tokens = 512;   // prompt tokens per step, all sequences together (TGI's name)
+  int32_t watermark_blocks = -1;            // blocks kept free at admission for running decodes;
+                                            // -1 = 1% of the pool (at least 1)
+  bool prefix_aware = true;                 // admit requests with a cached prefix first
+  int32_t prefix_lookahead = 32;            // waiting requests scanned for a cached prefix
+  int32_t max_skips = 8;                    // admissions a waiting request may be passed over
+
+  // Throws kvserve::Error for non-positive limits.
+  void validate() const;
+};
+
+// One sequence's share of a step: its next n_tokens pending tokens.
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int32_t n_tokens = 0;
+};
+
+struct SchedulePlan {
+  std::vector<ScheduledChunk> chunks;   // in priority order
+  std::vector<Sequence*> admitted;      // newly running this step
+  std::vector<Sequence*> preempted;     // moved back to waiting this step
+  int32_t prefill_tokens = 0;           // prompt tokens scheduled (decode tokens excluded)
+
+  bool empty() const { return chunks.empty(); }
+};
+
+// How the scheduler reaches the prefix cache (optional). Both see a sequence
+// whose table is empty.
+struct PrefixHooks {
+  // Tokens of seq's prompt that are cached now, without taking them (for ordering).
+  std::function<int32_t(const Sequence&)> cached_tokens;
+  // Shares the cached prefix into seq.table (ref counts taken); returns the
+  // tokens matched (a multiple of the block size, less than seq's tokens).
+  std::function<int32_t(Sequence&)> match;
+  // Gives the sequence's blocks back (publishing what is cacheable) and empties its table.
+  std::function<void(Sequence&)> release;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, KvCache& cache, PrefixHooks prefix = {});
+
+  // Queues a new sequence (state Waiting, empty table).
+  void add(Sequence* seq);
+  // Removes a sequence wherever it is and frees its blocks; marks it Finished.
+  void finish(Sequence* seq);
+  // Plans the next step; reserves every block the plan needs.
+  [[nodiscard]] SchedulePlan schedule();
+
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const std::vector<Sequence*>& running() const { return running_; }
+  int64_t preemptions() const { return preemptions_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  void insert_waiting(Sequence* seq);     // by age
+  void preempt(Sequence* seq, SchedulePlan& plan);
+  void release(Sequence& seq);
+  // Index in waiting_ of the sequence to admit next.
+  size_t pick_waiting();
+  [[nodiscard]] bool admit(Sequence* seq);
+
+  SchedulerOptions options_;
+  KvCache& cache_;
+  PrefixHooks prefix_;
+  int32_t watermark_ = 1;                 // in blocks
+  std::deque<Sequence*> waiting_;         // oldest first
+  std::vector<Sequence*> running_;        // oldest first
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace kvserve

@@ -1,0 +1,53 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+
+namespace kvserve {
+
+Sequence::Sequence(RequestId id, Request request, uint64_t order, double arrival_seconds)
+    : sampler(request.sampling),
+      id_(id),
+      request_(std::move(request)),
+      order_(order),
+      arrival_seconds_(arrival_seconds),
+      tokens_(request_.prompt),
+      num_prompt_(int32_t(request_.prompt.size())) {
+}
+
+Sequence::Appended Sequence::append(int32_t token, const std::string& piece) {
+  tokens_.push_back(token);
+  held_ += piece;
+  Appended out;
+  // The earliest match of any stop string ends the text there.
+  size_t cut = std::string::npos;
+  for (const std::string& s : request_.stop) {
+    if (s.empty()) continue;
+    cut = std::min(cut, held_.find(s));
+  }
+  if (cut != std::string::npos) {
+    out.text = held_.substr(0, cut);
+    held_.clear();
+    out.stopped = true;
+    return out;
+  }
+  // Keep back the longest tail that is the beginning of a stop string: it may
+  // still grow into one.
+  size_t keep = 0;
+  for (const std::string& s : request_.stop)
+    for (size_t len = std::min(held_.size(), s.size() - 1); len > keep; --len)
+      if (held_.compare(held_.size() - len, len, s, 0, len) == 0) {
+        keep = len;
+        break;
+      }
+  out.text = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string Sequence::take_held_text() {
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+}  // namespace kvserve

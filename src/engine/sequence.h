@@ -1,0 +1,75 @@
+// One request inside the engine: its tokens, how many of them have KV in the
+// cache, its block table, its sampler, and the text it has emitted.
+//
+// Invariant: the KV of tokens[0, num_computed) is in the cache (table.num_tokens
+// == num_computed while Running). Tokens past num_computed are "pending": the
+// rest of the prompt while prefilling, or the one newest sampled token while
+// decoding. A step runs some pending tokens; when it runs the last one, the
+// logits give the next token. Preemption by recompute sets num_computed back
+// to 0: the prompt and the tokens generated so far are prefilled again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "kv/block_table.h"
+
+namespace kvserve {
+
+enum class SequenceState : uint8_t { Waiting, Running, Finished };
+
+class Sequence {
+ public:
+  // `order` is the arrival rank: lower is older and has priority.
+  Sequence(RequestId id, Request request, uint64_t order, double arrival_seconds);
+
+  RequestId id() const { return id_; }
+  const Request& request() const { return request_; }
+  uint64_t order() const { return order_; }
+  double arrival_seconds() const { return arrival_seconds_; }
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int32_t num_prompt() const { return num_prompt_; }
+  int32_t num_generated() const { return int32_t(tokens_.size()) - num_prompt_; }
+  int32_t num_pending() const { return int32_t(tokens_.size()) - num_computed; }
+  // Whether the tokens known at admission all have KV, so the sequence produces
+  // one token per step.
+  bool decoding() const { return num_computed >= prefill_end; }
+
+  // Result of adding a sampled token.
+  struct Appended {
+    std::string text;     // text safe to emit now (never part of a possible stop string)
+    bool stopped = false; // a stop string matched: the sequence is done, text is cut before it
+  };
+  // Appends a sampled token and its text piece; checks the stop strings.
+  Appended append(int32_t token, const std::string& piece);
+  // Text still held back because it could begin a stop string (emitted at the end).
+  std::string take_held_text();
+
+  SequenceState state = SequenceState::Waiting;
+  BlockTable table;                // the sequence's KV while Running
+  int32_t num_computed = 0;        // tokens with KV in the cache
+  int32_t prefill_end = 0;         // tokens known at the last admission (prompt, plus generated
+                                   // tokens after a preemption); below it the sequence prefills
+  int32_t cached_tokens = 0;       // prompt tokens served by the prefix cache (last admission)
+  int32_t skipped = 0;             // times prefix-aware ordering admitted a later request first
+  int32_t preemptions = 0;
+  bool cancel_requested = false;
+  double first_token_seconds = 0;  // engine clock at the first generated token (0 = none yet)
+  double last_token_seconds = 0;
+  Sampler sampler;
+
+ private:
+  RequestId id_;
+  Request request_;
+  uint64_t order_;
+  double arrival_seconds_;
+  std::vector<int32_t> tokens_;   // prompt, then generated tokens
+  int32_t num_prompt_;
+  std::string held_;              // generated text not yet emitted
+};
+
+}  // namespace kvserve

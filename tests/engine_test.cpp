@@ -1,0 +1,294 @@
+// The engine on the real model: many requests batched together, with chunked
+// prefill and preemption, produce exactly the tokens each would produce alone
+// (kvserve generate); stop strings, cancellation, bad requests and a full
+// queue behave as documented; the KV cache is empty again at the end.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/generator.h"
+#include "test_support.h"
+
+namespace kvserve {
+namespace {
+
+using testing_files::kStoriesGguf;
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::None;
+  RequestUsage usage;
+  std::string error;
+};
+
+class EngineTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    model = Model::load(kStoriesGguf);
+    tok = &model->require_tokenizer();
+  }
+  // Greedy tokens generate() produces for `prompt` with max_tokens new tokens.
+  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv) {
+    ThreadPool pool(1);
+    KvCacheOptions o = kv;
+    o.num_blocks = 0;
+    o.budget_bytes = 0;
+    KvCache cache(model->config(), o);
+    Transformer tf(*model, pool);
+    GenerateOptions g;
+    g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;  // positions after BOS, as llama2.c
+    g.sampling.temperature = 0;
+    GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
+    return std::vector<int32_t>(r.tokens.begin() + long(prompt.size()), r.tokens.end());
+  }
+  Request request(const std::string& text, int32_t max_tokens, std::map<RequestId, Collected>& out) {
+    Request r;
+    r.prompt = tok->encode(text, true);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.on_event = [&out](const RequestEvent& e) {
+      Collected& c = out[e.id];
+      if (e.token >= 0) c.tokens.push_back(e.token);
+      c.text += e.text;
+      c.finish = e.finish;
+      c.usage = e.usage;
+      c.error = e.error;
+    };
+    return r;
+  }
+
+  std::unique_ptr<Model> model;
+  const Tokenizer* tok = nullptr;
+};
+
+const std::vector<std::string> kPrompts = {
+    "Once upon a time", "Lily had a red ball", "The sun was hot and the sky was blue. Tom",
+    "One day, a little bird", "Sam and his mom went to the park to play on the swings. They",
+    "There was a big tree", "A cat", "Ben liked to build towers with his blocks. One day"};
+
+// Runs kPrompts through one engine and checks each against generate().
+EngineStats expect_batched_equals_alone(EngineTest& t, EngineOptions o, int32_t max_tokens) {
+  std::map<RequestId, Collected> out;
+  Engine engine(*t.model, o);
+  std::map<RequestId, size_t> which;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    SubmitResult s = engine.submit(t.request(kPrompts[i], max_tokens - int32_t(i), out));
+    EXPECT_EQ(s.status, SubmitResult::Status::Accepted) << s.error;
+    which[s.id] = i;
+  }
+  engine.run_until_idle();
+  EXPECT_EQ(out.size(), kPrompts.size());
+  for (auto& [id, c] : out) {
+    const size_t i = which[id];
+    const std::vector<int32_t> prompt = t.tok->encode(kPrompts[i], true);
+    const std::vector<int32_t> want = t.alone(prompt, max_tokens - int32_t(i), o.kv);
+    EXPECT_EQ(c.tokens, want) << "prompt " << i;
+    EXPECT_NE(c.finish, FinishReason::None);
+    EXPECT_EQ(c.usage.prompt_tokens, int32_t(prompt.size()));
+    EXPECT_EQ(c.usage.completion_tokens, int32_t(c.tokens.size()));
+    std::string want_text;
+    for (size_t k = 0; k < want.size(); ++k) want_text += t.tok->decode_piece(k ? want[k - 1] : prompt.back(), want[k]);
+    EXPECT_EQ(c.text, want_text);
+  }
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.requests_finished, int64_t(kPrompts.size()));
+  EXPECT_EQ(s.kv.blocks_used, 0);
+  EXPECT_EQ(s.running + s.waiting, 0);
+  return s;
+}
+
+TEST_F(EngineTest, BatchedRequestsEqualEachRunAlone) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv.num_blocks = 256;
+  expect_batched_equals_alone(*this, o, 60);
+}
+
+TEST_F(EngineTest, ChunkedPrefillAndPreemptionKeepOutputsExact) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 40;                     // 160 tokens for 8 sequences of up to ~75: preemption
+  o.scheduler.max_batch_prefill_tokens = 7; // prompts arrive in chunks of a few tokens
+  o.scheduler.max_num_seqs = 6;
+  const EngineStats s = expect_batched_equals_alone(*this, o, 60);
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_LE(s.max_running, 6);
+}
+
+TEST_F(EngineTest, QuantizedCacheWithPreemptionKeepsOutputsExact) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv.set_dtype(KvDType::INT4);
+  o.kv.k.grouping = KvGrouping::Channel;
+  o.kv.residual = 32;
+  o.kv.num_blocks = 24;
+  o.scheduler.max_batch_prefill_tokens = 9;
+  EXPECT_GT(expect_batched_equals_alone(*this, o, 50).preemptions, 0);
+}
+
+TEST_F(EngineTest, PreemptionIsCounted) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 30;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  for (const std::string& p : kPrompts) ASSERT_EQ(engine.submit(request(p, 50, out)).status, SubmitResult::Status::Accepted);
+  engine.run_until_idle();
+  const EngineStats s = engine.stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_EQ(s.finished_length + s.finished_stop, int64_t(kPrompts.size()));
+  // Recomputed tokens are prefill work beyond the prompts.
+  EXPECT_GT(s.prefill_tokens_computed, s.prompt_tokens);
+}
+
+TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
+  EngineOptions o;
+  o.threads = 1;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  // Find what the model says, then stop at a word inside it.
+  Request probe = request("Once upon a time", 40, out);
+  const RequestId pid = engine.submit(probe).id;
+  engine.run_until_idle();
+  const std::string full = out[pid].text;
+  const size_t at = full.find(" was");
+  ASSERT_NE(at, std::string::npos) << full;
+  Request r = request("Once upon a time", 40, out);
+  r.stop = {" was", "zzz"};
+  const RequestId id = engine.submit(r).id;
+  engine.run_until_idle();
+  EXPECT_EQ(out[id].text, full.substr(0, at));
+  EXPECT_EQ(out[id].finish, FinishReason::Stop);
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+}
+
+TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.num_blocks = 8;  // 128 tokens
+  Engine engine(*model, o);
+  auto refused = [&](Request r, const std::string& needle) {
+    SubmitResult s = engine.submit(std::move(r));
+    EXPECT_EQ(s.status, SubmitResult::Status::Invalid);
+    EXPECT_NE(s.error.find(needle), std::string::npos) << s.error;
+  };
+  Request ok;
+  ok.prompt = {1, 5, 6};
+  ok.max_tokens = 4;
+  Request r = ok;
+  r.prompt.clear();
+  refused(r, "no tokens");
+  r = ok;
+  r.prompt = {1, 100000};
+  refused(r, "out of range");
+  r = ok;
+  r.max_tokens = 0;
+  refused(r, "at least 1");
+  r = ok;
+  r.max_tokens = 600;
+  refused(r, "context length");
+  r = ok;
+  r.prompt.assign(600, 5);
+  refused(r, "context length");
+  r = ok;
+  r.max_tokens = 300;
+  refused(r, "KV blocks");
+  r = ok;
+  r.sampling.top_p = 2;
+  refused(r, "top");
+  r = ok;
+  r.stop = {""};
+  refused(r, "stop");
+  EXPECT_EQ(engine.submit(ok).status, SubmitResult::Status::Accepted);
+}
+
+TEST_F(EngineTest, FullQueueSaysSoAndCancelledRequestsReturnTheirBlocks) {
+  EngineOptions o;
+  o.threads = 1;
+  o.max_waiting = 3;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(engine.submit(request("Once upon a time", 100, out)).id);
+  EXPECT_EQ(engine.submit(request("Lily", 5, out)).status, SubmitResult::Status::QueueFull);
+  EXPECT_EQ(engine.stats().requests_rejected, 1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine.step());
+  EXPECT_GT(engine.stats().kv.blocks_used, 0);
+  for (RequestId id : ids) engine.cancel(id);
+  engine.run_until_idle();
+  for (RequestId id : ids) {
+    EXPECT_EQ(out[id].finish, FinishReason::Cancelled);
+    EXPECT_EQ(out[id].tokens.size(), 5u);
+  }
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+  EXPECT_EQ(engine.stats().finished_cancelled, 3);
+}
+
+TEST_F(EngineTest, BackgroundThreadServesConcurrentSubmitters) {
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(*model, o);
+  engine.start();
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<RequestId, Collected> out;
+  int done = 0;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&, c] {
+      Request r;
+      r.prompt = tok->encode(kPrompts[size_t(c)], true);
+      r.max_tokens = 20;
+      r.sampling.temperature = 0;
+      r.on_event = [&](const RequestEvent& e) {
+        std::lock_guard<std::mutex> lock(m);
+        if (e.token >= 0) out[e.id].tokens.push_back(e.token);
+        if (e.finish != FinishReason::None) {
+          out[e.id].finish = e.finish;
+          ++done;
+          cv.notify_all();
+        }
+      };
+      EXPECT_EQ(engine.submit(r).status, SubmitResult::Status::Accepted);
+    });
+  for (auto& t : clients) t.join();
+  {
+    std::unique_lock<std::mutex> lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return done == 4; }));
+  }
+  engine.shutdown(true);
+  EXPECT_EQ(engine.stats().requests_finished, 4);
+  EXPECT_GT(engine.stats().ttft.count(), 0u);
+}
+
+TEST_F(EngineTest, ShutdownWithoutDrainCancelsWhatRuns) {
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(*model, o);
+  std::map<RequestId, Collected> out;
+  std::mutex m;
+  Request r = request("Once upon a time", 400, out);
+  auto inner = r.on_event;
+  r.on_event = [&](const RequestEvent& e) {
+    std::lock_guard<std::mutex> lock(m);
+    inner(e);
+  };
+  engine.start();
+  const RequestId id = engine.submit(r).id;
+  engine.shutdown(false);
+  std::lock_guard<std::mutex> lock(m);
+  EXPECT_EQ(out[id].finish, FinishReason::Cancelled);
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+  EXPECT_EQ(engine.submit(r).status, SubmitResult::Status::QueueFull);
+}
+
+}  // namespace
+}  // namespace kvserve
