@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <random>
 
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
+#include "engine/workload.h"
 #include "tools/cli_common.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
@@ -23,7 +25,53 @@ struct BenchArgs {
   // random K/V instead of running a prefill (decode cost does not depend on
   // the values), then prefill --prompt-tokens after them.
   int32_t fill_context = 0;
+  // Serving workloads through the engine (--workload).
+  WorkloadOptions workload;
+  bool workload_given = false;
+  SchedulerOptions scheduler;
 };
+
+void run_workload_bench(const BenchArgs& a) {
+  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  EngineOptions eo;
+  eo.kv = kv_options(a.common, model->config().n_layers);
+  eo.scheduler = a.scheduler;
+  eo.threads = thread_count(a.common);
+  eo.max_waiting = std::max(eo.max_waiting, a.workload.concurrency);
+  Engine engine(*model, eo);
+  const WorkloadReport r = run_workload(engine, a.workload);
+  nlohmann::json j = kv_stats_json(engine.stats().kv);
+  j["workload"] = a.workload.name;
+  j["requests"] = r.requests;
+  j["concurrency"] = a.workload.concurrency;
+  j["tenants"] = a.workload.tenants;
+  j["prompt_tokens"] = r.prompt_tokens;
+  j["prefill_tokens_computed"] = r.prefill_tokens_computed;
+  j["cached_tokens"] = r.cached_tokens;
+  j["prefix_hit_rate"] = r.prefix_hit_rate;
+  j["ttft_p50_ms"] = r.ttft_p50_ms;
+  j["ttft_p99_ms"] = r.ttft_p99_ms;
+  j["tpot_p50_ms"] = r.tpot_p50_ms;
+  j["kv_bytes_peak"] = r.kv_bytes_peak;
+  j["max_running"] = r.max_running;
+  j["preemptions"] = r.preemptions;
+  j["generated_tokens"] = r.generated_tokens;
+  j["output_tok_s"] = r.seconds > 0 ? double(r.generated_tokens) / r.seconds : 0;
+  j["seconds"] = r.seconds;
+  j["failed"] = r.failed;
+  j["kv_dtype"] = kv_description(engine.cache());
+  if (a.common.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("%s: %d requests (%d in flight) | prefill computed %lld of %lld prompt tokens, prefix hit rate "
+              "%.1f%% | TTFT p50 %.1f ms p99 %.1f ms | TPOT p50 %.1f ms | peak KV %lld bytes, %d running at "
+              "most, %lld preemptions | %.1f output tok/s\n",
+              a.workload.name.c_str(), r.requests, a.workload.concurrency,
+              (long long)r.prefill_tokens_computed, (long long)r.prompt_tokens, 100 * r.prefix_hit_rate,
+              r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms, (long long)r.kv_bytes_peak, r.max_running,
+              (long long)r.preemptions, j["output_tok_s"].get<double>());
+}
 
 // Writes random K/V for n positions of every layer, as a prefill would.
 void fill_random_kv(KvCache& cache, BlockTable& table, int32_t n, int n_layers, int kv_dim) {
@@ -43,6 +91,7 @@ void fill_random_kv(KvCache& cache, BlockTable& table, int32_t n, int n_layers, 
 }
 
 void run(const BenchArgs& a) {
+  if (a.workload_given) return run_workload_bench(a);
   if (a.prompt_tokens <= 0 || a.gen_tokens <= 0) fail("--prompt-tokens and --gen-tokens must be positive");
   if (a.batch <= 0) fail("--batch must be positive");
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
@@ -138,6 +187,20 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--fill-context", a->fill_context,
                   "speed only: positions of random K/V placed before the prompt instead of a long prefill")
       ->capture_default_str();
+  WorkloadOptions& w = a->workload;
+  cmd->add_option_function<std::string>("--workload", [a](const std::string& v) {
+    a->workload.name = v;
+    a->workload_given = true;
+  }, "run a serving workload through the engine instead: shared-prefix");
+  cmd->add_option("--requests", w.requests, "workload: requests in all")->capture_default_str();
+  cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
+  cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
+  cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();
+  cmd->add_option("--max-tokens", w.max_tokens, "workload: tokens generated per request")->capture_default_str();
+  cmd->add_option("--concurrency", w.concurrency, "workload: requests in flight at once")->capture_default_str();
+  cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences running at once")->capture_default_str();
+  cmd->add_option("--max-batch-prefill-tokens", a->scheduler.max_batch_prefill_tokens,
+                  "prompt tokens per step")->capture_default_str();
   cmd->callback([a] { run(*a); });
 }
 

@@ -1,0 +1,51 @@
+// Synthetic serving workloads driven through an Engine in this thread: a
+// closed loop keeps `concurrency` requests in flight until all are done, and
+// the report says what the KV cache and the scheduler did. Token ids are
+// random (speed, memory and hit rates do not depend on which tokens they are).
+//
+// shared-prefix: every tenant has one system prompt of prefix_tokens tokens
+//   (BOS first); request i belongs to tenant i % tenants and appends its own
+//   suffix_tokens random tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace kvserve {
+
+struct WorkloadOptions {
+  std::string name = "shared-prefix";
+  int32_t requests = 64;
+  int32_t prefix_tokens = 384;    // shared system prompt per tenant, BOS included
+  int32_t suffix_tokens = 32;     // unique tokens per request
+  int32_t tenants = 1;
+  int32_t max_tokens = 16;        // tokens generated per request
+  int32_t concurrency = 8;        // requests in flight at once
+  uint64_t seed = 1;
+
+  // Throws kvserve::Error for non-positive counts or prompts past the context.
+  void validate(int32_t context_length) const;
+};
+
+struct WorkloadReport {
+  int32_t requests = 0;
+  int64_t prompt_tokens = 0;            // over all requests
+  int64_t prefill_tokens_computed = 0;  // prompt tokens actually run through the model
+  int64_t cached_tokens = 0;            // prompt tokens served by the prefix cache
+  double prefix_hit_rate = 0;           // cached_tokens / prompt_tokens
+  double ttft_p50_ms = 0, ttft_p99_ms = 0;  // exact, from every request's first token
+  double tpot_p50_ms = 0;
+  int64_t kv_bytes_peak = 0;
+  int32_t max_running = 0;              // most sequences running in one step
+  int64_t preemptions = 0;
+  int64_t generated_tokens = 0;
+  double seconds = 0;                   // wall time of the whole workload
+  int32_t failed = 0;                   // requests that ended in an error
+};
+
+// Runs the workload on `engine` (which must not have been start()ed).
+WorkloadReport run_workload(Engine& engine, const WorkloadOptions& options);
+
+}  // namespace kvserve
