@@ -16,7 +16,8 @@
 // per sequence, so the only waste is the unfilled tail of each sequence's last
 // block.
 //
-// Thread safety: reserve/commit/release/seal from one thread (the engine's).
+// Thread safety: reserve/commit/release/seal and the sharing calls from one
+// thread (the engine's).
 // Reads and writes of different (layer, block) pairs may run concurrently.
 #pragma once
 
