@@ -223,7 +223,8 @@ void PrefixCache::publish(const CacheScope& scope, const BlockTable& table, std:
     const int32_t block = table.blocks[size_t(b)];
     Entry* own = by_block_[size_t(block)];
     if (own != nullptr && own->key == key) continue;  // published before (or matched)
-    assert(own == nullptr);  // a block holds one content: keys must be the table's
+    assert(own == nullptr);  // a block has one content: keys must be the table's
+    if (own != nullptr) break;
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       // This table computed a block the cache already holds (its hit was

@@ -240,7 +240,9 @@ class PrefixCache final : private BlockReclaimer {
   PrefixCacheStats stats() const;
   // Moves the queued events (oldest first) out of the queue.
   std::vector<CacheEvent> drain_events();
-  // Also calls `listener` synchronously for every event (nullptr: none).
+  // Also calls `listener` synchronously for every event (nullptr: none); it
+  // must stay callable until it is replaced or the cache is destroyed (the
+  // destructor reports every block removed).
   void set_event_listener(std::function<void(const CacheEvent&)> listener) { listener_ = std::move(listener); }
 
   const KvCache& kv_cache() const { return cache_; }
