@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "util/error.h"
@@ -8,9 +9,10 @@ namespace kvserve {
 
 BlockPool::BlockPool(int32_t num_blocks)
     : num_blocks_(num_blocks),
-      ref_count_(size_t(num_blocks), 0),
-      prev_free_(size_t(num_blocks), kNone),
-      next_free_(size_t(num_blocks), kNone) {
+      ref_count_(size_t(std::max(num_blocks, 0)), 0),
+      cached_(size_t(std::max(num_blocks, 0)), 0),
+      prev_free_(size_t(std::max(num_blocks, 0)), kNone),
+      next_free_(size_t(std::max(num_blocks, 0)), kNone) {
   if (num_blocks <= 0) fail("KV block pool needs at least one block (got {})", num_blocks);
   for (int32_t id = 0; id < num_blocks; ++id) push_free_tail(id);
 }
@@ -35,7 +37,11 @@ void BlockPool::unlink_free(int32_t id) {
 }
 
 std::optional<int32_t> BlockPool::allocate() {
-  if (free_head_ == kNone) return std::nullopt;
+  if (free_head_ == kNone) {
+    if (reclaimer_ == nullptr || num_idle_ == 0) return std::nullopt;
+    reclaimer_->reclaim(1);
+    assert(free_head_ != kNone);
+  }
   int32_t id = free_head_;
   unlink_free(id);
   ref_count_[size_t(id)] = 1;
@@ -43,19 +49,47 @@ std::optional<int32_t> BlockPool::allocate() {
 }
 
 bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
-  if (n > num_free_) return false;
+  if (n > num_available()) return false;
+  if (n > num_free_) reclaimer_->reclaim(n - num_free_);
+  assert(n <= num_free_);
   for (int32_t i = 0; i < n; ++i) out.push_back(*allocate());
   return true;
 }
 
 void BlockPool::retain(int32_t id) {
-  assert(ref_count_[size_t(id)] > 0);
+  if (ref_count_[size_t(id)] == 0) {
+    assert(cached_[size_t(id)]);
+    --num_idle_;
+  }
   ++ref_count_[size_t(id)];
 }
 
 void BlockPool::release(int32_t id) {
   assert(ref_count_[size_t(id)] > 0);
-  if (--ref_count_[size_t(id)] == 0) push_free_tail(id);
+  if (--ref_count_[size_t(id)] > 0) return;
+  if (!cached_[size_t(id)]) {
+    push_free_tail(id);
+    return;
+  }
+  ++num_idle_;
+  reclaimer_->on_idle(id);
+}
+
+void BlockPool::mark_cached(int32_t id) {
+  assert(ref_count_[size_t(id)] > 0 && reclaimer_ != nullptr);
+  cached_[size_t(id)] = 1;
+}
+
+void BlockPool::unmark_cached(int32_t id) {
+  assert(ref_count_[size_t(id)] > 0 && cached_[size_t(id)]);
+  cached_[size_t(id)] = 0;
+}
+
+void BlockPool::evict(int32_t id) {
+  assert(ref_count_[size_t(id)] == 0 && cached_[size_t(id)]);
+  cached_[size_t(id)] = 0;
+  --num_idle_;
+  push_free_tail(id);
 }
 
 }  // namespace kvserve

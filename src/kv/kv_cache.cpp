@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 
 #include "util/error.h"
 
@@ -81,9 +82,11 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
     layer.arena = PageArena((layer.k_bytes + layer.v_bytes) * n);
     if (layer.k_staged || layer.v_staged) layer.staging = PageArena(2 * staging_codec_->block_bytes() * n);
   }
+  sealed_.assign(n, 0);
   if (staged_) {
     free_staging_.resize(n);
     for (size_t i = 0; i < n; ++i) free_staging_[i] = int32_t(n - 1 - i);  // pop_back yields 0, 1, 2, ...
+    staging_refs_.assign(n, 0);
   }
 }
 
@@ -98,16 +101,41 @@ int32_t KvCache::sealed_blocks(int32_t n_ctx) const {
 }
 
 bool KvCache::reserve(BlockTable& table, int32_t n_new) {
-  const int64_t needed = int64_t(blocks_for(int64_t(table.num_tokens) + n_new)) - int64_t(table.blocks.size());
-  if (needed <= 0) return true;
+  const int32_t bs = options_.block_size;
+  const int64_t needed =
+      std::max<int64_t>(0, int64_t(blocks_for(int64_t(table.num_tokens) + n_new)) - int64_t(table.blocks.size()));
+  // Copy-on-write: the next token would land in a partially filled block
+  // another sequence (a fork) shares.
+  const size_t open = size_t(table.num_tokens / bs);
+  const bool copy = n_new > 0 && table.num_tokens % bs != 0 && pool_.ref_count(table.blocks[open]) > 1;
+  if (needed == 0 && !copy) return true;
+  std::vector<int32_t> fresh;
+  if (!pool_.allocate(int32_t(needed) + (copy ? 1 : 0), fresh)) return false;
+  // A free slot per new block exists unless forks hold copies of open blocks.
+  if (staged_ && free_staging_.size() < size_t(needed)) {
+    for (int32_t id : fresh) pool_.release(id);
+    return false;
+  }
+  for (int32_t id : fresh) sealed_[size_t(id)] = 0;
+  size_t next = 0;
+  if (copy) {
+    const int32_t from = table.blocks[open], to = fresh[next++];
+    for (int l = 0; l < n_layers(); ++l) {
+      const Layer& layer = layers_[size_t(l)];
+      std::memcpy(block_base(l, to), block_base(l, from), layer.k_bytes + layer.v_bytes);
+    }
+    pool_.release(from);
+    table.blocks[open] = to;
+  }
   const size_t before = table.blocks.size();
-  if (!pool_.allocate(int32_t(needed), table.blocks)) return false;
+  table.blocks.insert(table.blocks.end(), fresh.begin() + long(next), fresh.end());
   if (staged_) {
-    // Capacity equals the block count, so a free slot always exists.
     table.staging.resize(before, -1);
     for (size_t i = before; i < table.blocks.size(); ++i) {
-      table.staging.push_back(free_staging_.back());
+      const int32_t slot = free_staging_.back();
       free_staging_.pop_back();
+      staging_refs_[size_t(slot)] = 1;
+      table.staging.push_back(slot);
     }
   }
   return true;
@@ -121,15 +149,16 @@ void KvCache::commit(BlockTable& table, int32_t n) {
   const int32_t sealed = std::min<int32_t>(sealed_blocks(table.num_tokens), int32_t(table.staging.size()));
   for (int32_t b = 0; b < sealed; ++b) {
     if (table.staging[size_t(b)] < 0) continue;
-    free_staging_.push_back(table.staging[size_t(b)]);
+    sealed_[size_t(table.blocks[size_t(b)])] = 1;
+    release_staging(table.staging[size_t(b)]);
     table.staging[size_t(b)] = -1;
   }
 }
 
 void KvCache::release(BlockTable& table) {
-  for (int32_t id : table.blocks) pool_.release(id);
+  for (auto id = table.blocks.rbegin(); id != table.blocks.rend(); ++id) pool_.release(*id);
   for (int32_t slot : table.staging)
-    if (slot >= 0) free_staging_.push_back(slot);
+    if (slot >= 0) release_staging(slot);
   tokens_stored_ -= table.num_tokens;
   table.blocks.clear();
   table.staging.clear();
@@ -169,6 +198,7 @@ void KvCache::seal(int layer, const BlockTable& table, int32_t n_tokens) {
   const int kv_dim = n_kv_heads_ * head_dim_;
   const int32_t last = std::min<int32_t>(sealed_blocks(n_tokens), int32_t(table.blocks.size()));
   for (int32_t b = sealed_blocks(table.num_tokens); b < last; ++b) {
+    if (sealed_[size_t(table.blocks[size_t(b)])]) continue;  // shared and already encoded
     const int32_t slot = table.staging[size_t(b)];
     assert(slot >= 0);
     const uint8_t* stage = staging_base(layer, slot);
@@ -211,14 +241,85 @@ KvStats KvCache::stats() const {
   s.bytes_per_token = s.bytes_per_block / options_.block_size;
   s.blocks_total = pool_.num_blocks();
   s.blocks_free = pool_.num_free();
+  s.blocks_cached_idle = pool_.num_idle();
   s.blocks_used = pool_.num_used();
   s.staging_used = staged_ ? pool_.num_blocks() - int32_t(free_staging_.size()) : 0;
   s.tokens_stored = tokens_stored_;
   s.bytes_used = int64_t(s.blocks_used) * s.bytes_per_block + int64_t(s.staging_used) * s.staging_bytes_per_block;
   s.bytes_capacity = int64_t(s.blocks_total) * s.bytes_per_block;
   const int64_t slots = int64_t(s.blocks_used) * options_.block_size;
-  s.fragmentation = slots == 0 ? 0.0 : 1.0 - double(tokens_stored_) / double(slots);
+  // Sequences sharing blocks count their tokens once each, so clamp at 0.
+  s.fragmentation = slots == 0 ? 0.0 : std::max(0.0, 1.0 - double(tokens_stored_) / double(slots));
   return s;
+}
+
+// ---- Sharing ----
+
+void KvCache::release_staging(int32_t slot) {
+  assert(staging_refs_[size_t(slot)] > 0);
+  if (--staging_refs_[size_t(slot)] == 0) free_staging_.push_back(slot);
+}
+
+bool KvCache::fork(const BlockTable& src, BlockTable& dst) {
+  assert(dst.blocks.empty() && dst.num_tokens == 0);
+  const int32_t n = blocks_for(src.num_tokens);
+  const bool open = src.num_tokens % options_.block_size != 0;
+  int32_t copy = -1;  // the new staging slot of the open block
+  if (staged_ && open && src.staging[size_t(n - 1)] >= 0) {
+    if (free_staging_.empty()) return false;
+    copy = free_staging_.back();
+    free_staging_.pop_back();
+    staging_refs_[size_t(copy)] = 1;
+    const size_t bytes = 2 * staging_codec_->block_bytes();
+    for (int l = 0; l < n_layers(); ++l)
+      if (layers_[size_t(l)].k_staged || layers_[size_t(l)].v_staged)
+        std::memcpy(staging_base(l, copy), staging_base(l, src.staging[size_t(n - 1)]), bytes);
+  }
+  for (int32_t b = 0; b < n; ++b) {
+    pool_.retain(src.blocks[size_t(b)]);
+    dst.blocks.push_back(src.blocks[size_t(b)]);
+    if (!staged_) continue;
+    int32_t slot = src.staging[size_t(b)];
+    if (b == n - 1 && copy >= 0) slot = copy;
+    else if (slot >= 0) retain_staging(slot);
+    dst.staging.push_back(slot);
+  }
+  dst.num_tokens = src.num_tokens;
+  tokens_stored_ += src.num_tokens;
+  return true;
+}
+
+void KvCache::attach_prefix(BlockTable& table, std::span<const int32_t> blocks, std::span<const int32_t> staging) {
+  assert(table.blocks.empty() && table.num_tokens == 0);
+  assert(staging.empty() || staging.size() == blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    pool_.retain(blocks[i]);
+    table.blocks.push_back(blocks[i]);
+    if (!staged_) continue;
+    const int32_t slot = staging.empty() ? -1 : staging[i];
+    if (slot >= 0) retain_staging(slot);
+    table.staging.push_back(slot);
+  }
+  table.num_tokens = int32_t(blocks.size()) * options_.block_size;
+  tokens_stored_ += table.num_tokens;
+}
+
+void KvCache::seal_full_blocks(const BlockTable& table) {
+  if (!staged_) return;
+  const int32_t full = table.num_tokens / options_.block_size;
+  // seal() encodes blocks below sealed_blocks(n); this n puts exactly the full ones there.
+  const int32_t n = full * options_.block_size + (residual_ - options_.block_size);
+  for (int l = 0; l < n_layers(); ++l) seal(l, table, n);
+  for (int32_t b = 0; b < full; ++b) sealed_[size_t(table.blocks[size_t(b)])] = 1;
+}
+
+bool KvCache::block_final(const BlockTable& table, int32_t b) const {
+  if (b >= table.num_tokens / options_.block_size) return false;
+  return !staged_ || sealed_[size_t(table.blocks[size_t(b)])];
+}
+
+int32_t KvCache::staged_before(int32_t n_blocks) const {
+  return n_blocks - std::min(n_blocks, sealed_blocks(n_blocks * options_.block_size + 1));
 }
 
 }  // namespace kvserve

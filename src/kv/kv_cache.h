@@ -16,13 +16,15 @@
 // per sequence, so the only waste is the unfilled tail of each sequence's last
 // block.
 //
-// Thread safety: reserve/commit/release/seal from one thread (the engine's).
+// Thread safety: reserve/commit/release/seal and the sharing calls from one
+// thread (the engine's).
 // Reads and writes of different (layer, block) pairs may run concurrently.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -64,6 +66,7 @@ struct KvStats {
   int32_t blocks_total = 0;
   int32_t blocks_used = 0;
   int32_t blocks_free = 0;
+  int32_t blocks_cached_idle = 0; // prefix-cache blocks no sequence references (reclaimable)
   int32_t staging_used = 0;       // staging slots in use
   int64_t tokens_stored = 0;      // tokens written into live sequences
   int64_t bytes_used = 0;         // blocks_used * bytes_per_block + staging_used * staging_bytes_per_block
@@ -89,13 +92,16 @@ class KvCache {
   int n_layers() const { return int(layers_.size()); }
 
   // Makes room for n_new more tokens after table.num_tokens, allocating blocks
-  // (and staging slots) as needed. Returns false, changing nothing, when the
-  // pool has too few free blocks: an ordinary result the caller handles.
+  // (and staging slots) as needed; a shared partially filled last block is
+  // copied first (copy-on-write, see "Sharing"). Returns false, changing
+  // nothing, when the pool has too few free blocks: an ordinary result the
+  // caller handles.
   [[nodiscard]] bool reserve(BlockTable& table, int32_t n_new);
   // Marks n tokens after table.num_tokens as written (every layer written and
   // sealed); frees the staging slots of blocks now encoded.
   void commit(BlockTable& table, int32_t n);
-  // Returns all of the table's blocks and staging slots and empties it.
+  // Returns all of the table's blocks (tail first, so a prefix cache evicts
+  // chain tails before their parents) and staging slots, and empties it.
   void release(BlockTable& table);
 
   // Blocks a sequence of n tokens needs.
@@ -127,6 +133,42 @@ class KvCache {
   const BlockPool& pool() const { return pool_; }
   KvStats stats() const;
 
+  // ---- Sharing: forks, copy-on-write, the prefix cache (kv/prefix_cache.h) ----
+  // A block with ref_count > 1 is never written: full blocks take no more
+  // tokens, and reserve() copies a shared, partially filled last block before
+  // tokens are appended to it. Staging slots are reference counted too: the
+  // FP16 staging of a full block no longer changes, so forks and the prefix
+  // cache share it instead of copying. A block is "sealed" once its encoded
+  // form is written (all layers); seal() never encodes a block twice, so
+  // sequences sharing a block never write into it.
+
+  // Makes the empty dst a copy of src sharing src's blocks up to
+  // src.num_tokens (blocks reserved beyond are not shared). The open block's
+  // staging slot, if any, is copied into a new slot, since both sequences
+  // keep writing there. Returns false, changing nothing, when no staging slot
+  // is free.
+  [[nodiscard]] bool fork(const BlockTable& src, BlockTable& dst);
+  // Starts the empty table with shared full, final blocks (a prefix-cache
+  // hit): one reference per block (idle cached blocks come back into use)
+  // and, where staging[i] >= 0, one reference to that slot, which holds block
+  // i's FP16 form for queries that read it from the residual window.
+  // staging: empty or blocks.size() slots.
+  void attach_prefix(BlockTable& table, std::span<const int32_t> blocks, std::span<const int32_t> staging);
+  // Encodes, in every layer, the table's full blocks still held in FP16
+  // staging (they keep their staging slot), so they become final and can be
+  // shared. Used when a sequence finishes.
+  void seal_full_blocks(const BlockTable& table);
+  // Whether block b of the table is full and in its final stored form.
+  bool block_final(const BlockTable& table, int32_t b) const;
+  // Of the first n_blocks full blocks of a sequence, how many at the end a
+  // query at position n_blocks * block_size reads from FP16 staging (0
+  // without a residual window longer than one block).
+  int32_t staged_before(int32_t n_blocks) const;
+  void retain_staging(int32_t slot) { ++staging_refs_[size_t(slot)]; }
+  void release_staging(int32_t slot);
+  // The pool, for the prefix cache that marks, revives and evicts cached blocks.
+  BlockPool& shared_pool() { return pool_; }
+
  private:
   struct Layer {
     std::unique_ptr<KvCodec> k, v;
@@ -150,6 +192,8 @@ class KvCache {
   std::vector<Layer> layers_;                // (n_layers)
   BlockPool pool_;
   std::vector<int32_t> free_staging_;        // LIFO: reuse the warmest slots first
+  std::vector<int32_t> staging_refs_;        // (num_blocks) references per staging slot
+  std::vector<uint8_t> sealed_;              // (num_blocks) 1 once a block's encoded form is written
   int64_t tokens_stored_ = 0;
 };
 
