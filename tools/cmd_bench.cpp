@@ -8,6 +8,7 @@
 #include "engine/transformer.h"
 #include "engine/workload.h"
 #include "tools/cli_common.h"
+#include "tools/engine_cli.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
 #include "util/timer.h"
@@ -28,15 +29,12 @@ struct BenchArgs {
   // Serving workloads through the engine (--workload).
   WorkloadOptions workload;
   bool workload_given = false;
-  SchedulerOptions scheduler;
+  EngineCliOptions engine;
 };
 
 void run_workload_bench(const BenchArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
-  EngineOptions eo;
-  eo.kv = kv_options(a.common, model->config().n_layers);
-  eo.scheduler = a.scheduler;
-  eo.threads = thread_count(a.common);
+  EngineOptions eo = engine_options(a.common, a.engine, model->config().n_layers);
   eo.max_waiting = std::max(eo.max_waiting, a.workload.concurrency);
   Engine engine(*model, eo);
   const WorkloadReport r = run_workload(engine, a.workload);
@@ -60,6 +58,7 @@ void run_workload_bench(const BenchArgs& a) {
   j["seconds"] = r.seconds;
   j["failed"] = r.failed;
   j["kv_dtype"] = kv_description(engine.cache());
+  j["prefix_cache"] = a.engine.prefix_cache;
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -198,9 +197,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();
   cmd->add_option("--max-tokens", w.max_tokens, "workload: tokens generated per request")->capture_default_str();
   cmd->add_option("--concurrency", w.concurrency, "workload: requests in flight at once")->capture_default_str();
-  cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences running at once")->capture_default_str();
-  cmd->add_option("--max-batch-prefill-tokens", a->scheduler.max_batch_prefill_tokens,
-                  "prompt tokens per step")->capture_default_str();
+  add_engine_options(*cmd, a->engine);
   cmd->callback([a] { run(*a); });
 }
 

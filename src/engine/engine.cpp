@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cassert>
 
+#include <openssl/sha.h>
+
+#include <random>
+
 #include "util/error.h"
 #include "util/timer.h"
 
@@ -25,7 +29,13 @@ Engine::Engine(const Model& model, const EngineOptions& options)
       pool_(options.threads == 0 ? default_thread_count() : options.threads),
       cache_(model.config(), options.kv),
       transformer_(model, pool_),
-      scheduler_(options.scheduler, cache_),
+      prefix_([&]() -> std::unique_ptr<PrefixCache> {
+        if (!options.prefix_caching) return nullptr;
+        PrefixCacheOptions p = options.prefix;
+        if (p.model_id.empty()) p.model_id = model.fingerprint();
+        return std::make_unique<PrefixCache>(cache_, p, clock_);
+      }()),
+      scheduler_(options.scheduler, cache_, prefix_hooks()),
       epoch_(std::chrono::steady_clock::now()) {
   if (options.threads < 0) fail("threads must be >= 0 (got {})", options.threads);
   if (options.max_waiting <= 0) fail("the waiting queue must hold at least one request (got {})", options.max_waiting);
@@ -34,8 +44,67 @@ Engine::Engine(const Model& model, const EngineOptions& options)
     bos_id_ = tokenizer_->bos_id();
     eos_id_ = tokenizer_->eos_id();
   }
+  tenant_secret_ = options.tenant_secret;
+  if (tenant_secret_.empty()) {
+    std::random_device rd;
+    for (int i = 0; i < 32; ++i) tenant_secret_.push_back(char(rd() & 0xff));
+  }
   local_.kv = cache_.stats();
+  local_.prefix_caching = prefix_ != nullptr;
   stats_ = local_;
+}
+
+PrefixHooks Engine::prefix_hooks() {
+  if (!prefix_) return {};
+  PrefixHooks h;
+  h.cached_tokens = [this](Sequence& seq) {
+    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
+    return prefix_->cached_tokens(seq.scope, seq.keys, int32_t(seq.tokens().size()));
+  };
+  h.match = [this](Sequence& seq) {
+    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
+    const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);
+    seq.checkpoint = m.checkpoint_tokens;
+    return m.cached_tokens;
+  };
+  h.release = [this](Sequence& seq) {
+    prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.table.num_tokens)), seq.keys);
+    prefix_->release(seq.scope, seq.table, seq.keys);
+  };
+  return h;
+}
+
+CacheScope Engine::scope_for(const Request& r) {
+  CacheScope scope;
+  if (!prefix_) return scope;
+  if (options_.prefix_scope == CacheScopeKind::Global && r.session.empty()) return scope;
+  if (!r.tenant.empty() && options_.prefix_scope != CacheScopeKind::Global) {
+    auto [it, fresh] = tenants_.try_emplace(r.tenant, kGlobalTenant);
+    if (fresh) {
+      // The salt: SHA-256 of the secret and the name, never anything a client sends.
+      std::string material = tenant_secret_ + '\0' + r.tenant;
+      unsigned char digest[SHA256_DIGEST_LENGTH];
+      SHA256(reinterpret_cast<const unsigned char*>(material.data()), material.size(), digest);
+      TenantOptions t;
+      t.name = r.tenant;
+      t.salt.assign(reinterpret_cast<const char*>(digest), sizeof digest);
+      t.quota_blocks = options_.tenant_quota_blocks;
+      it->second = prefix_->add_tenant(t);
+    }
+    scope.kind = CacheScopeKind::Tenant;
+    scope.tenant = it->second;
+  }
+  if (!r.session.empty()) {
+    scope.kind = CacheScopeKind::Session;
+    scope.session = r.session;
+  }
+  return scope;
+}
+
+void Engine::publish_prefix(Sequence& seq) {
+  if (!prefix_) return;
+  prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.num_computed)), seq.keys);
+  prefix_->publish(seq.scope, seq.table, seq.keys);
 }
 
 Engine::~Engine() {
@@ -100,6 +169,7 @@ void Engine::absorb_inbox() {
   }
   for (auto& seq : in.requests) {
     ++local_.requests_submitted;
+    seq->scope = scope_for(seq->request());
     scheduler_.add(seq.get());
     sequences_.emplace(seq->id(), std::move(seq));
   }
@@ -206,6 +276,7 @@ bool Engine::run_step() {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Sequence* seq = plan.chunks[i].seq;
     seq->num_computed += plan.chunks[i].n_tokens;
+    publish_prefix(*seq);
     if (seq->num_pending() == 0) on_logits(seq, logits_.last(i, batch));
   }
   local_.busy_seconds += timer.seconds();
@@ -217,6 +288,7 @@ void Engine::publish_stats() {
   local_.running = int32_t(scheduler_.num_running());
   local_.waiting = int32_t(scheduler_.num_waiting());
   local_.kv = cache_.stats();
+  if (prefix_) local_.prefix = prefix_->stats();
   waiting_.store(local_.waiting);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex

@@ -26,7 +26,9 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/transformer.h"
+#include "kv/eviction_policy.h"
 #include "kv/kv_cache.h"
+#include "kv/prefix_cache.h"
 #include "model/model.h"
 #include "util/histogram.h"
 #include "util/thread_pool.h"
@@ -38,6 +40,19 @@ struct EngineOptions {
   SchedulerOptions scheduler;
   int32_t max_waiting = 256;      // queued requests (not yet running) beyond which submit says QueueFull
   int threads = 0;                // compute threads; 0 = all hardware threads
+
+  // Automatic prefix caching (issue 5).
+  bool prefix_caching = true;
+  PrefixCacheOptions prefix;      // model_id: empty = the model's fingerprint
+  // global: every request shares one cache; tenant: each tenant its own,
+  // salted (requests without a tenant use the global account). A request
+  // with a session id uses that session's scope under its tenant.
+  CacheScopeKind prefix_scope = CacheScopeKind::Tenant;
+  // Tenant salts are SHA-256(secret, tenant name): replicas given the same
+  // secret share a tenant's blocks (through a shared tier), nobody else can
+  // derive them. Empty = a random secret per process.
+  std::string tenant_secret;
+  int32_t tenant_quota_blocks = -1;  // cached blocks per tenant; -1 = no quota
 };
 
 struct SubmitResult {
@@ -65,6 +80,8 @@ struct EngineStats {
   KvStats kv;
   int64_t kv_bytes_peak = 0;            // most KV bytes in use after a step
   std::string kv_codec;                 // the cache's codecs, e.g. "fp16" or "K int4/channel V int4/token"
+  bool prefix_caching = false;
+  PrefixCacheStats prefix;              // with prefix_caching
   Histogram ttft = Histogram::latency_seconds();   // arrival → first token
   Histogram tpot = Histogram::latency_seconds();   // between consecutive tokens of a request
   Histogram e2e = Histogram::latency_seconds();    // arrival → last event
@@ -102,6 +119,8 @@ class Engine {
   const ModelConfig& config() const { return model_.config(); }
   const Model& model() const { return model_; }
   const KvCache& cache() const { return cache_; }
+  // Null without prefix caching. Engine thread only (or before start()).
+  PrefixCache* prefix_cache() { return prefix_.get(); }
 
  private:
   struct Inbox {
@@ -115,12 +134,19 @@ class Engine {
   void on_logits(Sequence* seq, const float* logits);
   void publish_stats();
   double now() const;
+  PrefixHooks prefix_hooks();
+  CacheScope scope_for(const Request& r);   // registers the tenant on first sight
+  void publish_prefix(Sequence& seq);       // after a forward: cache the sequence's new full blocks
 
   const Model& model_;
   EngineOptions options_;
   ThreadPool pool_;
   KvCache cache_;
   Transformer transformer_;
+  SteadyClock clock_;
+  std::unique_ptr<PrefixCache> prefix_;   // null without prefix caching
+  std::map<std::string, TenantId> tenants_;  // tenant name -> prefix-cache account
+  std::string tenant_secret_;
   Scheduler scheduler_;
   int32_t bos_id_ = 1, eos_id_ = 2;
   const Tokenizer* tokenizer_ = nullptr;

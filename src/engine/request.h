@@ -53,7 +53,9 @@ struct Request {
   SamplerOptions sampling;
   bool stop_at_eos = true;        // stop at the tokenizer's EOS (and BOS, as llama2.c)
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
-  std::string tenant;             // authenticated tenant (set by the server, not the client)
+  std::string tenant;             // authenticated tenant (set by the server, not the client);
+                                  // empty = the default tenant
+  std::string session;            // non-empty: prefix caching in this session's own scope
   RequestCallback on_event;
 };
 

@@ -53,6 +53,7 @@ void Scheduler::preempt(Sequence* seq, SchedulePlan& plan) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   release(*seq);
   seq->cached_tokens = 0;
+  seq->checkpoint = 0;
   ++seq->preemptions;
   ++preemptions_;
   seq->state = SequenceState::Waiting;
@@ -83,9 +84,11 @@ bool Scheduler::admit(Sequence* seq) {
   // The watermark keeps room for running decodes; with nothing running, the
   // whole pool is the sequence's.
   const int32_t watermark = running_.empty() ? 0 : watermark_;
-  if (cache_.pool().num_free() < need + watermark || !cache_.reserve(seq->table, seq->num_pending())) {
+  // Idle prefix-cache blocks count as free: allocation reclaims them.
+  if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, seq->num_pending())) {
     release(*seq);
     seq->cached_tokens = 0;
+    seq->checkpoint = 0;
     return false;
   }
   seq->prefill_end = int32_t(seq->tokens().size());
@@ -111,7 +114,7 @@ SchedulePlan Scheduler::schedule() {
       if (self_preempted) break;  // it was the youngest: nothing after it remains
       plan.chunks.push_back({seq, seq->num_pending()});
     } else if (budget > 0) {
-      const int32_t n = std::min(budget, seq->num_pending());
+      const int32_t n = std::min(budget, seq->chunk_limit());
       budget -= n;
       plan.prefill_tokens += n;
       plan.chunks.push_back({seq, n});
@@ -132,7 +135,7 @@ SchedulePlan Scheduler::schedule() {
     plan.admitted.push_back(seq);
     // A preempted sequence that had been decoding comes back with its generated
     // tokens to recompute; they are prefill work like the prompt.
-    const int32_t n = std::min(budget, seq->num_pending());
+    const int32_t n = std::min(budget, seq->chunk_limit());
     budget -= n;
     plan.prefill_tokens += n;
     plan.chunks.push_back({seq, n});

@@ -66,7 +66,7 @@ struct SchedulePlan {
 // whose table is empty.
 struct PrefixHooks {
   // Tokens of seq's prompt that are cached now, without taking them (for ordering).
-  std::function<int32_t(const Sequence&)> cached_tokens;
+  std::function<int32_t(Sequence&)> cached_tokens;
   // Shares the cached prefix into seq.table (ref counts taken); returns the
   // tokens matched (a multiple of the block size, less than seq's tokens).
   std::function<int32_t(Sequence&)> match;

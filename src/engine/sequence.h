@@ -16,6 +16,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "kv/block_table.h"
+#include "kv/prefix_cache.h"
 
 namespace kvserve {
 
@@ -38,6 +39,9 @@ class Sequence {
   // Whether the tokens known at admission all have KV, so the sequence produces
   // one token per step.
   bool decoding() const { return num_computed >= prefill_end; }
+  // Most tokens the next prefill chunk may run: up to a prefix-cache
+  // checkpoint first (see PrefixMatch::checkpoint_tokens), then all pending.
+  int32_t chunk_limit() const { return checkpoint > num_computed ? checkpoint - num_computed : num_pending(); }
 
   // Result of adding a sampled token.
   struct Appended {
@@ -55,6 +59,9 @@ class Sequence {
   int32_t prefill_end = 0;         // tokens known at the last admission (prompt, plus generated
                                    // tokens after a preemption); below it the sequence prefills
   int32_t cached_tokens = 0;       // prompt tokens served by the prefix cache (last admission)
+  int32_t checkpoint = 0;          // end the first prefill chunk here (0 = no checkpoint)
+  CacheScope scope;                // where the prefix cache looks up and publishes its blocks
+  std::vector<BlockKey> keys;      // prefix-cache keys of the full blocks of tokens(), as far as computed
   int32_t skipped = 0;             // times prefix-aware ordering admitted a later request first
   int32_t preemptions = 0;
   bool cancel_requested = false;

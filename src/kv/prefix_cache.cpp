@@ -140,6 +140,33 @@ int32_t PrefixCache::pin_cap() const {
   return int32_t(std::floor(options_.max_pinned_fraction * double(pool_.num_blocks())));
 }
 
+int32_t PrefixCache::cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys,
+                                   int32_t prompt_tokens) const {
+  const TenantId id = account_of(scope);
+  const double now = clock_.now();
+  const int32_t bs = cache_.block_size();
+  const int32_t eligible = std::min<int32_t>(int32_t(keys.size()), std::max(prompt_tokens - 1, 0) / bs);
+  std::vector<const Entry*> hit;
+  for (int32_t b = 0; b < eligible; ++b) {
+    auto it = entries_.find(keys[size_t(b)]);
+    if (it == entries_.end() || it->second.account != id) break;
+    if (idle(it->second) && policy_->expired(it->second.meta, now)) break;
+    hit.push_back(&it->second);
+  }
+  return bs * usable_blocks(int32_t(hit.size()), [&](int32_t j) { return hit[size_t(j)]->sidecar; });
+}
+
+int32_t PrefixCache::usable_blocks(int32_t found, const std::function<int32_t(int32_t)>& sidecar) const {
+  // Under a residual window the last blocks before the boundary are read in
+  // FP16: use the longest prefix whose blocks there have a sidecar.
+  for (int32_t use = found; use > 0; --use) {
+    bool ok = true;
+    for (int32_t j = use - cache_.staged_before(use); j < use && ok; ++j) ok = sidecar(j) >= 0;
+    if (ok) return use;
+  }
+  return 0;
+}
+
 PrefixMatch PrefixCache::match(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens,
                                BlockTable& table) {
   assert(table.blocks.empty() && table.num_tokens == 0);
@@ -163,15 +190,7 @@ PrefixMatch PrefixCache::match(const CacheScope& scope, std::span<const BlockKey
     hit_.push_back(&e);
   }
   const int32_t found = int32_t(hit_.size());
-  // Under a residual window the last blocks before the boundary are read in
-  // FP16: use the longest prefix whose blocks there have a sidecar.
-  int32_t use = found;
-  for (; use > 0; --use) {
-    const int32_t staged = cache_.staged_before(use);
-    bool ok = true;
-    for (int32_t j = use - staged; j < use && ok; ++j) ok = hit_[size_t(j)]->sidecar >= 0;
-    if (ok) break;
-  }
+  const int32_t use = usable_blocks(found, [&](int32_t j) { return hit_[size_t(j)]->sidecar; });
 
   std::vector<int32_t> blocks, staging;
   blocks.reserve(size_t(use));

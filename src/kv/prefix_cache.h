@@ -214,6 +214,11 @@ class PrefixCache final : private BlockReclaimer {
   [[nodiscard]] PrefixMatch match(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens,
                                   BlockTable& table);
 
+  // Tokens match() would share now for this prompt, without taking them or
+  // counting a query (the scheduler's prefix-aware ordering asks this of
+  // waiting requests). Expired blocks count as missing.
+  int32_t cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens) const;
+
   // Publishes the table's final blocks (full, and sealed under a residual
   // window) that are not cached yet, in chain order, stopping at the first
   // that is not final, whose parent is not cached, or that the account's
@@ -281,6 +286,9 @@ class PrefixCache final : private BlockReclaimer {
   void reclaim(int32_t n) override;
 
   TenantId account_of(const CacheScope& scope) const;
+  // Of `found` matching leading blocks, how many a hit may use: the sidecar
+  // rule of match(); sidecar(j) is block j's FP16 slot or -1.
+  int32_t usable_blocks(int32_t found, const std::function<int32_t(int32_t)>& sidecar) const;
   BlockKey root_of(const CacheScope& scope) const;
   bool idle(const Entry& e) const { return cache_.pool().ref_count(e.block) == 0; }
   // Takes e out of its account's idle order (it is about to be referenced).

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <xxhash.h>
+
 #include <climits>
 #include <cstring>
 
@@ -37,6 +39,35 @@ size_t Weights::bytes() const {
     total += 2 * size_t(token_embedding.cols) * sizeof(float);
   }
   return total + size_t(token_embedding.cols) * sizeof(float);
+}
+
+const std::string& Model::fingerprint() const {
+  if (!fingerprint_.empty()) return fingerprint_;
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  const ModelConfig& c = config_;
+  const std::string shape = fmt::format("{} {} {} {} {} {} {} {} {} {}", c.architecture, c.dim, c.hidden_dim,
+                                        c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
+                                        c.rope_theta, c.norm_eps);
+  XXH3_128bits_update(state, shape.data(), shape.size());
+  auto matrix = [&](const WeightMatrix& w) {
+    const int type = int(w.type);
+    XXH3_128bits_update(state, &type, sizeof type);
+    XXH3_128bits_update(state, w.data, w.bytes());
+  };
+  auto norm = [&](const float* x) { XXH3_128bits_update(state, x, size_t(c.dim) * sizeof(float)); };
+  matrix(weights_.token_embedding);
+  for (const LayerWeights& l : weights_.layers) {
+    norm(l.attn_norm);
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up}) matrix(*w);
+    norm(l.ffn_norm);
+  }
+  norm(weights_.final_norm);
+  matrix(weights_.classifier);
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  fingerprint_ = fmt::format("{:016x}{:016x}", h.high64, h.low64);
+  return fingerprint_;
 }
 
 const Tokenizer& Model::require_tokenizer() const {

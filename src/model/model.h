@@ -55,6 +55,10 @@ class Model {
   // REQUIRES: tokenizer() != nullptr; throws kvserve::Error otherwise.
   const Tokenizer& require_tokenizer() const;
   const std::string& path() const { return path_; }
+  // Identity of the model for caches shared beyond one process: XXH3-128 of
+  // the shape and of every weight byte, in hex. Same file, same fingerprint,
+  // wherever it is loaded; computed on first call (reads all weights once).
+  const std::string& fingerprint() const;
 
   Model();
   ~Model();
@@ -70,6 +74,7 @@ class Model {
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<GgufFile> gguf_;        // keeps GGUF tensors mapped
   std::unique_ptr<MappedFile> raw_file_;  // keeps llama2.c tensors mapped
+  mutable std::string fingerprint_;       // cached by fingerprint()
 };
 
 }  // namespace kvserve

@@ -1,0 +1,36 @@
+// Flags of the commands that run the serving engine (serve, bench --workload):
+// scheduler limits and prefix caching, turned into EngineOptions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "engine/engine.h"
+#include "tools/cli_common.h"
+
+namespace kvserve::cli {
+
+struct EngineCliOptions {
+  SchedulerOptions scheduler;
+  int32_t max_waiting = 256;
+  std::string prefix_cache = "on";       // on | off
+  std::string prefix_scope = "tenant";   // global | tenant
+  std::string prefix_hash = "xxh3";      // xxh3 | sha256
+  std::string prefix_eviction = "lru";   // lru | lfu | ttl
+  double prefix_ttl_seconds = 600;
+  double prefix_half_life_seconds = 300;
+  int32_t pin_after_hits = 0;            // 0 = no automatic pinning
+  double max_pinned_fraction = 0.2;
+  int32_t tenant_quota_blocks = -1;
+  std::string tenant_secret_file;        // empty = a random secret per process
+};
+
+// Adds --max-num-seqs, --max-batch-prefill-tokens, --max-waiting and the
+// --prefix-* flags.
+void add_engine_options(CLI::App& cmd, EngineCliOptions& o);
+
+// The engine configuration the common and engine flags describe.
+EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers);
+
+}  // namespace kvserve::cli
