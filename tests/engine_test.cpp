@@ -349,6 +349,21 @@ TEST_F(EnginePrefixTest, SharedPromptIsComputedOnceAndOutputsAreUnchanged) {
   }
 }
 
+TEST_F(EnginePrefixTest, RequestsArrivingTogetherWaitForTheSharedPrefixInsteadOfRecomputingIt) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.num_blocks = 128;
+  Run run;
+  Engine engine(*model, o);
+  const std::string system = "Once upon a time, there was a little girl named Lily. She liked to play outside "
+                             "in the park with her friends. One day, ";
+  for (size_t i = 0; i < 4; ++i) run.ids.push_back(engine.submit(request(system + kPrompts[i], 8, run.out)).id);
+  engine.run_until_idle();
+  for (size_t i = 1; i < 4; ++i) EXPECT_GE(run.out.at(run.ids[i]).usage.cached_tokens, 32) << "request " << i;
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.prefill_tokens_computed, s.prompt_tokens - s.cached_prompt_tokens);
+}
+
 TEST_F(EnginePrefixTest, TenantsNeverShareBlocks) {
   EngineOptions o;
   o.threads = 1;

@@ -61,6 +61,19 @@ PrefixHooks Engine::prefix_hooks() {
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     return prefix_->cached_tokens(seq.scope, seq.keys, int32_t(seq.tokens().size()));
   };
+  h.inflight_tokens = [this](Sequence& seq) {
+    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
+    // Leading blocks seq shares with a running sequence that will have computed
+    // them when its prefill ends (its keys cover its whole prompt by then).
+    size_t best = 0;
+    for (const Sequence* r : scheduler_.running()) {
+      if (r->decoding()) continue;
+      size_t n = 0;
+      while (n < seq.keys.size() && n < r->keys.size() && seq.keys[n] == r->keys[n]) ++n;
+      best = std::max(best, n);
+    }
+    return int32_t(best) * cache_.block_size();
+  };
   h.match = [this](Sequence& seq) {
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);

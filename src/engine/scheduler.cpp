@@ -126,6 +126,11 @@ SchedulePlan Scheduler::schedule() {
          int32_t(running_.size()) < options_.max_num_seqs) {
     const size_t pick = pick_waiting();
     Sequence* seq = waiting_[pick];
+    if (options_.prefix_aware && prefix_.inflight_tokens && seq->skipped < options_.max_skips &&
+        prefix_.inflight_tokens(*seq) > prefix_.cached_tokens(*seq)) {
+      ++seq->skipped;
+      break;
+    }
     if (!admit(seq)) break;
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(pick));
     seq->state = SequenceState::Running;

@@ -18,8 +18,10 @@
 //     not fit blocks those behind it (no starvation of long prompts).
 //  4. Prefix-aware ordering: among the first `prefix_lookahead` waiting
 //     requests, one whose prompt starts with cached blocks is admitted first,
-//     so requests sharing a prefix run while it is hot; a request passed over
-//     `max_skips` times is admitted next regardless (fairness).
+//     so requests sharing a prefix run while it is hot; and a request whose
+//     prefix a running sequence is computing right now waits until it is
+//     published instead of computing it a second time. A request passed over
+//     or held back `max_skips` times is admitted next regardless (fairness).
 //
 // Thread safety: none; the engine thread owns the scheduler.
 #pragma once
@@ -67,6 +69,9 @@ struct SchedulePlan {
 struct PrefixHooks {
   // Tokens of seq's prompt that are cached now, without taking them (for ordering).
   std::function<int32_t(Sequence&)> cached_tokens;
+  // Tokens of seq's prompt that running sequences are computing now and will
+  // publish (not cached yet): admitting seq a step later turns them into hits.
+  std::function<int32_t(Sequence&)> inflight_tokens;
   // Shares the cached prefix into seq.table (ref counts taken); returns the
   // tokens matched (a multiple of the block size, less than seq's tokens).
   std::function<int32_t(Sequence&)> match;
