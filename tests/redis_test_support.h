@@ -3,6 +3,7 @@
 // Tests skip (GTEST_SKIP) only when redis-server is not installed.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <fcntl.h>

@@ -49,7 +49,8 @@ struct TierStats {
   uint64_t removes = 0;         // remove() calls' keys
   uint64_t evictions = 0;       // blocks evicted to stay within the budget
   uint64_t errors = 0;          // blocks whose operation failed (I/O, connection, timeout, protocol)
-  uint64_t corrupt = 0;         // blocks found but refused by the record check (reported as misses)
+  uint64_t corrupt = 0;         // blocks found but refused by the record check: damaged, or another
+                                // model's or codec's (counted as hits above, used as misses)
   int64_t resident_blocks = -1; // blocks held now; -1 = unknown (Redis)
   int64_t resident_bytes = -1;  // bytes held now; -1 = unknown
   int64_t capacity_bytes = -1;  // budget; -1 = set by the server (Redis maxmemory)

@@ -14,9 +14,10 @@
 // tier had; it returns the leading run of blocks found (stopping at the first
 // key no tier has). A block found in a lower tier is copied into the tiers
 // above it (promotion, through the writer). A record that fails its check in a
-// tier (corrupt, or another model's or codec's) is counted as corrupt there,
-// removed from that tier, and treated as a miss there: the next tier may
-// still hold a good copy, otherwise the block is recomputed. Never used.
+// tier (damaged, or another model's, codec's or block size's) is counted as
+// corrupt there and treated as a miss there: the next tier may still hold a
+// good copy, otherwise the block is recomputed. It is never used. Damaged
+// records are also removed from the tier; foreign ones are left to age out.
 //
 // Thread safety: all methods, from any thread. queue_mu_ guards the queue and
 // the writer's state; the tiers are thread-safe themselves.
