@@ -1,6 +1,8 @@
 #include "store/redis_connection.h"
 
 #include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -22,6 +24,40 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
   return s;
 }
+
+// Writing to a server that has gone away raises SIGPIPE, which kills the
+// process by default, and hiredis writes with plain write(2). Rather than
+// change the process's signal disposition, this blocks SIGPIPE on the calling
+// thread for the duration of a write and discards one the write raised; the
+// write itself then fails with EPIPE, an ordinary error.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        (void)sigtimedwait(&pipe_, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 }  // namespace
 
@@ -149,6 +185,7 @@ bool RedisConnection::send(std::span<const RedisCommand> commands) {
       return false;
     }
   }
+  const SigpipeGuard guard;
   int done = 0;
   do {
     if (redisBufferWrite(context_, &done) != REDIS_OK) {
