@@ -78,6 +78,14 @@ TEST(BlockRecord, LayoutIsTheDocumentedHeaderThenThePayload) {
   EXPECT_EQ(Bytes(d.payload.begin(), d.payload.end()), payload);
 }
 
+TEST(BlockRecord, HeaderWrittenInPlaceEqualsEncoding) {
+  const Bytes payload = payload_of(333, 8);
+  Bytes in_place(kRecordHeaderBytes + payload.size());
+  std::memcpy(in_place.data() + kRecordHeaderBytes, payload.data(), payload.size());
+  write_record_header(kIdentity, key_of(5), in_place);
+  EXPECT_EQ(in_place, encode_record(kIdentity, key_of(5), payload));
+}
+
 TEST(BlockRecord, EmptyPayloadRoundTrips) {
   const Bytes r = encode_record(kIdentity, key_of(1), {});
   EXPECT_EQ(r.size(), kRecordHeaderBytes);

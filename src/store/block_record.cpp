@@ -50,9 +50,9 @@ std::string_view record_status_name(RecordStatus status) {
   return "unknown";
 }
 
-Bytes encode_record(const RecordIdentity& identity, const BlockKey& key, ByteView payload) {
-  Bytes out(kRecordHeaderBytes + payload.size());
-  uint8_t* h = out.data();
+void write_record_header(const RecordIdentity& identity, const BlockKey& key, std::span<uint8_t> record) {
+  uint8_t* h = record.data();
+  const ByteView payload(record.subspan(kRecordHeaderBytes));
   store<uint32_t>(h + kMagicAt, kRecordMagic);
   store<uint16_t>(h + kVersionAt, kRecordVersion);
   store<uint16_t>(h + kHeaderSizeAt, uint16_t(kRecordHeaderBytes));
@@ -60,8 +60,13 @@ Bytes encode_record(const RecordIdentity& identity, const BlockKey& key, ByteVie
   store<uint64_t>(h + kModelAt, identity.model_id);
   std::memcpy(h + kKeyAt, key.bytes.data(), BlockKey::kBytes);
   store<uint64_t>(h + kPayloadSizeAt, uint64_t(payload.size()));
-  if (!payload.empty()) std::memcpy(h + kRecordHeaderBytes, payload.data(), payload.size());
   store<uint64_t>(h + kChecksumAt, checksum(h, payload));
+}
+
+Bytes encode_record(const RecordIdentity& identity, const BlockKey& key, ByteView payload) {
+  Bytes out(kRecordHeaderBytes + payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + kRecordHeaderBytes, payload.data(), payload.size());
+  write_record_header(identity, key, out);
   return out;
 }
 

@@ -61,6 +61,10 @@ std::string_view record_status_name(RecordStatus status);
 
 // header + payload; payload.size() + kRecordHeaderBytes bytes.
 [[nodiscard]] Bytes encode_record(const RecordIdentity& identity, const BlockKey& key, ByteView payload);
+// Fills the header (checksum included) of a record whose payload is already in
+// place at offset kRecordHeaderBytes: lets a caller copy the payload once and
+// leave the hashing to another thread.  REQUIRES: record.size() >= kRecordHeaderBytes.
+void write_record_header(const RecordIdentity& identity, const BlockKey& key, std::span<uint8_t> record);
 
 struct DecodedRecord {
   RecordStatus status = RecordStatus::Truncated;

@@ -1,6 +1,7 @@
 #include "store/tiered_kv_store.h"
 
 #include <cassert>
+#include <cstring>
 
 #include "util/error.h"
 #include "util/timer.h"
@@ -31,7 +32,7 @@ size_t TieredKvStore::enqueue_writes(std::vector<Job> jobs) {
   {
     std::lock_guard lock(queue_mu_);
     for (Job& job : jobs) {
-      const int64_t bytes = int64_t(job.record->size());
+      const int64_t bytes = int64_t(job.bytes());
       if (stop_ || queued_writes_ >= options_.queue_blocks || queued_bytes_ + bytes > options_.queue_bytes) {
         ++dropped_;
         continue;
@@ -64,7 +65,9 @@ size_t TieredKvStore::put(std::span<const BlockKey> keys, std::span<const ByteVi
     Job job;
     job.key = keys[i];
     job.chain = chain;
-    job.record = std::make_shared<const Bytes>(encode_record(options_.identity, keys[i], payloads[i]));
+    job.unsealed = std::make_shared<Bytes>(kRecordHeaderBytes + payloads[i].size());
+    if (!payloads[i].empty())
+      std::memcpy(job.unsealed->data() + kRecordHeaderBytes, payloads[i].data(), payloads[i].size());
     job.first_tier = 0;
     job.end_tier = tiers_.size();
     jobs.push_back(std::move(job));
@@ -96,11 +99,11 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
         // fleet's, and it ages out by TTL or LRU like any block.
         const bool foreign = d.status == RecordStatus::ModelMismatch || d.status == RecordStatus::CodecMismatch ||
                              d.status == RecordStatus::LengthMismatch;
-        if (!foreign) drop.push_back(Job{true, rest[i], chain, nullptr, t, t + 1});
+        if (!foreign) drop.push_back(Job{true, rest[i], chain, nullptr, nullptr, t, t + 1});
         break;
       }
       auto record = std::make_shared<const Bytes>(std::move(*got[i]));
-      if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, record, 0, t});
+      if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, nullptr, record, 0, t});
       out.push_back(LoadedBlock{std::move(record), int(t)});
     }
     if (!drop.empty()) enqueue_remove(std::move(drop));
@@ -137,7 +140,7 @@ std::vector<int> TieredKvStore::locate(std::span<const BlockKey> keys, const Cha
 
 void TieredKvStore::remove(std::span<const BlockKey> keys, const ChainTag& chain) {
   std::vector<Job> jobs;
-  for (const BlockKey& key : keys) jobs.push_back(Job{true, key, chain, nullptr, 0, tiers_.size()});
+  for (const BlockKey& key : keys) jobs.push_back(Job{true, key, chain, nullptr, nullptr, 0, tiers_.size()});
   enqueue_remove(std::move(jobs));
 }
 
@@ -160,7 +163,7 @@ void TieredKvStore::writer_loop() {
              queue_.front().end_tier == head.end_tier) {
         Job& job = queue_.front();
         if (!job.remove) {
-          queued_bytes_ -= int64_t(job.record->size());
+          queued_bytes_ -= int64_t(job.bytes());
           --queued_writes_;
         }
         batch.push_back(std::move(job));
@@ -182,8 +185,12 @@ void TieredKvStore::writer_loop() {
 void TieredKvStore::run(std::span<Job> batch) {
   std::vector<BlockKey> keys;
   std::vector<ByteView> values;
-  for (const Job& job : batch) {
+  for (Job& job : batch) {
     keys.push_back(job.key);
+    if (job.unsealed) {
+      write_record_header(options_.identity, job.key, *job.unsealed);
+      job.record = std::move(job.unsealed);
+    }
     if (!job.remove) values.push_back(ByteView(*job.record));
   }
   const Job& head = batch.front();

@@ -2,8 +2,9 @@
 // memory, local disk, Redis), one record format, an asynchronous write path
 // and per-tier metrics. This is what the engine talks to.
 //
-// Write path: put() encodes each block as a record (block_record.h: model,
-// codec, key, checksum) and queues it; a background writer stores it in every
+// Write path: put() copies each block into a record buffer and queues it; a
+// background writer fills the record header (block_record.h: model, codec,
+// key, checksum) and stores it in every
 // tier (write-through, so a block reaches the shared Redis at once for other
 // replicas, and disk at once so a restart finds it). put() never waits on I/O:
 // the queue is bounded in blocks and bytes, and a block that does not fit is
@@ -102,7 +103,11 @@ class TieredKvStore {
     bool remove = false;
     BlockKey key;
     ChainTag chain;
-    std::shared_ptr<const Bytes> record;  // writes only
+    // Writes only: a new block's record, whose header the writer fills (so
+    // hashing stays off the caller's thread), or a finished record (promotion).
+    std::shared_ptr<Bytes> unsealed;
+    std::shared_ptr<const Bytes> record;
+    size_t bytes() const { return unsealed ? unsealed->size() : record ? record->size() : 0; }
     size_t first_tier = 0, end_tier = 0;  // applies to tiers [first_tier, end_tier)
   };
 
