@@ -20,6 +20,7 @@
 #include "store/disk_store.h"
 #include "store/host_store.h"
 #include "store/redis_store.h"
+#include "store/store_metrics_export.h"
 #include "util/error.h"
 #include "util/timer.h"
 
@@ -281,6 +282,42 @@ TEST_F(TieredKvStoreTest, RejectsBadConstruction) {
   TieredKvStoreOptions o = options();
   o.queue_blocks = 0;
   EXPECT_THROW(TieredKvStore(tiers(host(100)), o), Error);
+}
+
+TEST_F(TieredKvStoreTest, MetricsExportAsPrometheusTextAndJson) {
+  std::vector<std::unique_ptr<KvStore>> t;
+  t.push_back(host(1 << 20));
+  t.push_back(std::make_unique<DiskStore>(DiskStoreOptions{.dir = dir_ + "/d\"q", .budget_bytes = 1 << 20}));
+  TieredKvStore s(std::move(t), options(1000));
+  put_chain(s, 0, 2, 1000);
+  s.flush();
+  ASSERT_EQ(s.lookup(chain(0, 3)).size(), 2u);
+  std::string text;
+  append_prometheus(s.stats(), text);
+  const std::string disk = "disk:" + dir_ + "/d\\\"q";  // the quote escaped in the label
+  for (const std::string& line : {
+           std::string("# TYPE kvserve_kv_tier_hits_total counter"),
+           std::string("kvserve_kv_tier_hits_total{tier=\"host\"} 2"),
+           std::string("kvserve_kv_tier_misses_total{tier=\"host\"} 1"),
+           "kvserve_kv_tier_misses_total{tier=\"" + disk + "\"} 1",
+           std::string("kvserve_kv_tier_resident_bytes{tier=\"host\"} 2144"),
+           std::string("kvserve_kv_tier_available{tier=\"host\"} 1"),
+           std::string("kvserve_kv_tier_get_seconds_count{tier=\"host\"} 1"),
+           std::string("kvserve_kv_tier_get_seconds_bucket{tier=\"host\",le=\"+Inf\"} 1"),
+           std::string("kvserve_kv_store_blocks_requested_total 3"),
+           std::string("kvserve_kv_store_blocks_found_total 2"),
+           std::string("kvserve_kv_store_lookup_seconds_count 1"),
+       })
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << "missing: " << line;
+  const nlohmann::json j = tiered_stats_json(s.stats());
+  EXPECT_EQ(j["tiers"].size(), 2u);
+  EXPECT_EQ(j["tiers"][0]["name"], "host");
+  EXPECT_EQ(j["tiers"][0]["hits"], 2);
+  EXPECT_EQ(j["tiers"][1]["misses"], 1);
+  EXPECT_EQ(j["tiers"][1]["puts"], 2);
+  EXPECT_EQ(j["tiers"][0]["written_bytes"], 2 * kRecord);
+  EXPECT_DOUBLE_EQ(j["hit_rate"].get<double>(), 2.0 / 3.0);
+  EXPECT_EQ(j["written"], 2);
 }
 
 // ---- a real KvCache block through every tier ----
