@@ -227,6 +227,8 @@ void BM_TieredLookupFromDisk(benchmark::State& state, BlockShape shape) {
 }
 
 void register_all() {
+  for (const BlockShape& shape : shapes())
+    benchmark::AddCustomContext(std::string("record_bytes ") + shape.name, std::to_string(shape.bytes));
   std::vector<std::string> tiers = {"host", "disk"};
   if (!g_redis.empty()) tiers.push_back("redis");
   for (const BlockShape& shape : shapes()) {

@@ -157,10 +157,12 @@ void TieredKvStore::writer_loop() {
       queue_cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
       if (queue_.empty()) return;  // stopping, and everything is written
       // One batch: consecutive jobs that go to the same tiers the same way.
-      const Job& head = queue_.front();
-      while (!queue_.empty() && batch.size() < options_.write_batch && queue_.front().remove == head.remove &&
-             queue_.front().chain == head.chain && queue_.front().first_tier == head.first_tier &&
-             queue_.front().end_tier == head.end_tier) {
+      const bool remove = queue_.front().remove;
+      const ChainTag chain = queue_.front().chain;
+      const size_t first_tier = queue_.front().first_tier, end_tier = queue_.front().end_tier;
+      while (!queue_.empty() && batch.size() < options_.write_batch && queue_.front().remove == remove &&
+             queue_.front().chain == chain && queue_.front().first_tier == first_tier &&
+             queue_.front().end_tier == end_tier) {
         Job& job = queue_.front();
         if (!job.remove) {
           queued_bytes_ -= int64_t(job.bytes());
