@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the checkpoint-reader fuzz target with clang + libFuzzer + ASan/UBSan,
-# apart from the CMake build, and writes its seed corpus. See fuzz/README.md.
+# Builds the fuzz targets (checkpoint readers, KV store block records) with
+# clang + libFuzzer + ASan/UBSan, apart from the CMake build, and writes their
+# seed corpora. See fuzz/README.md.
 #
 #   fuzz/build.sh [BUILD_DIR]       (default: build-fuzz/ in the source tree)
 set -euo pipefail
@@ -27,4 +28,12 @@ cd "$root"
   -o "$out/checkpoint_fuzz_seeds"
 rm -rf "$out/seeds"
 "$out/checkpoint_fuzz_seeds" "$root" "$out/seeds"
-echo "built $out/checkpoint_fuzz; seeds in $out/seeds/{gguf,llama2c}"
+
+# The KV store's block records: only the record code and xxHash.
+record_srcs=(src/store/block_record.cpp src/store/block_key.cpp)
+"$cxx" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  -fno-omit-frame-pointer fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash -o "$out/block_record_fuzz"
+"$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash \
+  -o "$out/block_record_fuzz_seeds"
+"$out/block_record_fuzz_seeds" "$out/seeds/records"
+echo "built $out/checkpoint_fuzz and $out/block_record_fuzz; seeds in $out/seeds/{gguf,llama2c,records}"

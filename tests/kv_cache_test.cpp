@@ -7,6 +7,8 @@
 #include <cmath>
 #include <random>
 
+#include "attention/paged_attention.h"
+#include "kv/kv_spec.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -232,6 +234,117 @@ TEST(KvCache, RejectsInvalidCodecCombinations) {
   o = KvCacheOptions{};
   o.k = {KvDType::INT4, KvGrouping::Token, 3, {}, {}};
   EXPECT_THROW(KvCache(c, o), Error);
+}
+
+// --- Block export and import (the tiered KV store, issue 7) ---
+
+// Writes n tokens of seeded random K/V into every layer of `table`, seals and
+// commits them, as the forward pass does. Positions below `garbage_before`
+// get other values (from another seed).
+void fill_tokens(KvCache& cache, const ModelConfig& c, BlockTable& table, int n, uint32_t seed,
+                 int garbage_before = 0) {
+  ASSERT_TRUE(cache.reserve(table, n));
+  std::mt19937 rng(seed), other(seed + 1000);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(size_t(c.kv_dim())), v(k.size());
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    for (int pos = 0; pos < n; ++pos) {
+      for (auto& x : k) x = normal(rng);
+      for (auto& x : v) x = normal(rng);
+      if (pos < garbage_before) {
+        for (auto& x : k) x = normal(other) * 3.0f;
+        for (auto& x : v) x = normal(other) * 3.0f;
+      }
+      cache.write(layer, table, pos, k.data(), v.data());
+    }
+    cache.seal(layer, table, n);
+  }
+  cache.commit(table, n);
+}
+
+// Attention outputs of every layer and KV head for a query seeing n_ctx tokens.
+std::vector<float> attention_outputs(const KvCache& cache, const ModelConfig& c, const BlockTable& table, int n_ctx) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  const int group = c.gqa_group(), head_dim = c.head_dim();
+  std::vector<float> q(size_t(group * head_dim)), out(q.size()), all;
+  AttentionScratch scratch;
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      for (auto& x : q) x = normal(rng);
+      attend_kv_head(cache, layer, table, n_ctx, h, group, head_dim, q.data(), out.data(), scratch);
+      all.insert(all.end(), out.begin(), out.end());
+    }
+  return all;
+}
+
+TEST(KvCacheBlockExport, ImportedSealedBlocksGiveIdenticalAttention) {
+  const ModelConfig c = stories_shape();
+  for (const std::string preset : {"fp16", "int8", "int4", "int2"}) {
+    KvCacheOptions o;
+    o.block_size = 16;
+    o.num_blocks = 12;
+    apply_kv_preset(o, preset);
+    KvCache a(c, o), b(c, o);
+    EXPECT_EQ(a.block_record_bytes(), size_t(a.stats().bytes_per_block));
+    EXPECT_EQ(a.block_codec_hash(), b.block_codec_hash());
+    const int n = 80;
+    BlockTable ta;
+    fill_tokens(a, c, ta, n, 7);
+    const int32_t sealed = a.sealed_blocks(n);
+    ASSERT_GE(sealed, 3) << preset;
+
+    // B holds other values in the sealed blocks, at other block ids.
+    BlockTable pad, tb;
+    ASSERT_TRUE(b.reserve(pad, 3 * 16));
+    fill_tokens(b, c, tb, n, 7, sealed * 16);
+    ASSERT_NE(tb.blocks, ta.blocks);
+    EXPECT_NE(attention_outputs(b, c, tb, n), attention_outputs(a, c, ta, n)) << preset;
+
+    std::vector<uint8_t> bytes;
+    for (int32_t i = 0; i < sealed; ++i) {
+      a.export_block(ta.blocks[size_t(i)], bytes);
+      ASSERT_EQ(bytes.size(), a.block_record_bytes());
+      b.import_block(tb.blocks[size_t(i)], bytes);
+    }
+    EXPECT_EQ(attention_outputs(b, c, tb, n), attention_outputs(a, c, ta, n)) << preset;
+    std::vector<uint8_t> again;
+    b.export_block(tb.blocks[0], again);
+    a.export_block(ta.blocks[0], bytes);
+    EXPECT_EQ(again, bytes);
+  }
+}
+
+TEST(KvCacheBlockExport, CodecHashSeparatesLayoutsAndImportChecksTheSize) {
+  const ModelConfig c = stories_shape();
+  auto cache_with = [&](const std::string& preset, int block_size) {
+    KvCacheOptions o;
+    o.block_size = block_size;
+    o.num_blocks = 4;
+    apply_kv_preset(o, preset);
+    return std::make_unique<KvCache>(c, o);
+  };
+  const auto int4 = cache_with("int4", 16), int8 = cache_with("int8", 16), int4_bs8 = cache_with("int4", 8);
+  EXPECT_NE(int4->block_codec_hash(), int8->block_codec_hash());
+  EXPECT_NE(int4->block_codec_hash(), int4_bs8->block_codec_hash());
+  EXPECT_EQ(int4->block_codec_hash(), cache_with("int4", 16)->block_codec_hash());
+
+  // Same types, different static ranges: the codes mean different values.
+  KvCacheOptions s1;
+  s1.block_size = 16;
+  s1.num_blocks = 4;
+  s1.residual = 16;
+  s1.set_dtype(KvDType::INT8);
+  s1.k.static_min.assign(size_t(c.kv_dim()), -1.0f);
+  s1.k.static_max.assign(size_t(c.kv_dim()), 1.0f);
+  KvCacheOptions s2 = s1;
+  s2.k.static_max[3] = 2.0f;
+  EXPECT_NE(KvCache(c, s1).block_codec_hash(), KvCache(c, s2).block_codec_hash());
+
+  std::vector<uint8_t> bytes;
+  int8->export_block(0, bytes);
+  ASSERT_NE(bytes.size(), int4->block_record_bytes());
+  EXPECT_THROW(int4->import_block(0, bytes), Error);
 }
 
 }  // namespace

@@ -1,9 +1,8 @@
 #include "tools/cli_common.h"
 
-#include <cctype>
-
 #include "kv/kv_calibration.h"
 #include "kv/kv_spec.h"
+#include "util/byte_size.h"
 #include "util/error.h"
 
 namespace kvserve::cli {
@@ -34,23 +33,7 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_flag("--json", o.json, "print one JSON object on stdout");
 }
 
-int64_t parse_bytes(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) fail("'{}' is not a size (expected e.g. 4096, 512MiB, 2GiB)", text);
-  double value = std::stod(text.substr(0, i));
-  std::string unit = text.substr(i);
-  double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB" || unit == "K") mult = 1024.0;
-  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else fail("unknown size unit '{}' in '{}' (use B, KiB, MiB, GiB, KB, MB, GB)", unit, text);
-  return int64_t(value * mult);
-}
+int64_t parse_bytes(const std::string& text) { return parse_byte_size(text); }
 
 KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   KvCacheOptions k;

@@ -1,5 +1,7 @@
 #include "kv/kv_cache.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cstring>
@@ -320,6 +322,54 @@ bool KvCache::block_final(const BlockTable& table, int32_t b) const {
 
 int32_t KvCache::staged_before(int32_t n_blocks) const {
   return n_blocks - std::min(n_blocks, sealed_blocks(n_blocks * options_.block_size + 1));
+}
+
+// --- Block export and import (the tiered KV store, issue 7) ---
+
+size_t KvCache::block_record_bytes() const {
+  size_t bytes = 0;
+  for (const auto& l : layers_) bytes += l.k_bytes + l.v_bytes;
+  return bytes;
+}
+
+uint64_t KvCache::block_codec_hash() const {
+  std::string desc = fmt::format("kvblock/v1 bs={} kv_heads={} head_dim={} layers={}", options_.block_size,
+                                 n_kv_heads_, head_dim_, layers_.size());
+  for (const auto& l : layers_) {
+    for (const KvCodec* c : {l.k.get(), l.v.get()}) {
+      const KvCodecConfig& cfg = c->config();
+      desc += fmt::format(" |{} g{} b{}", cfg.describe(), cfg.group_size, c->block_bytes());
+      // Static ranges are part of what a code means, not only the type.
+      for (const std::vector<float>* range : {&cfg.static_min, &cfg.static_max})
+        desc.append(reinterpret_cast<const char*>(range->data()), range->size() * sizeof(float));
+    }
+  }
+  return XXH3_64bits(desc.data(), desc.size());
+}
+
+void KvCache::export_block(int32_t block, std::vector<uint8_t>& out) const {
+  assert(block >= 0 && block < pool_.num_blocks());
+  out.resize(block_record_bytes());
+  uint8_t* p = out.data();
+  for (int layer = 0; layer < n_layers(); ++layer) {
+    const Layer& l = layers_[size_t(layer)];
+    std::memcpy(p, block_base(layer, block), l.k_bytes + l.v_bytes);
+    p += l.k_bytes + l.v_bytes;
+  }
+}
+
+void KvCache::import_block(int32_t block, std::span<const uint8_t> bytes) {
+  if (bytes.size() != block_record_bytes())
+    fail("KV block of {} bytes cannot be imported into a cache whose blocks have {} bytes", bytes.size(),
+         block_record_bytes());
+  assert(block >= 0 && block < pool_.num_blocks());
+  const uint8_t* p = bytes.data();
+  for (int layer = 0; layer < n_layers(); ++layer) {
+    const Layer& l = layers_[size_t(layer)];
+    std::memcpy(block_base(layer, block), p, l.k_bytes + l.v_bytes);
+    p += l.k_bytes + l.v_bytes;
+  }
+  sealed_[size_t(block)] = 1;  // its encoded form is written: final, shareable
 }
 
 }  // namespace kvserve

@@ -169,6 +169,31 @@ class KvCache {
   // The pool, for the prefix cache that marks, revives and evicts cached blocks.
   BlockPool& shared_pool() { return pool_; }
 
+  // --- Block export and import (the tiered KV store, issue 7) ---
+  // A sealed block's K and V of every layer, exactly as stored (codes and
+  // metadata: an INT4 block travels as INT4 with its scales), moved to and
+  // from the tiers below memory (src/store/). Layout: per layer in order, its
+  // K block then its V block, k_codec(l).block_bytes() + v_codec(l).block_bytes().
+
+  // The bytes export_block writes (equals stats().bytes_per_block).
+  size_t block_record_bytes() const;
+  // A hash of everything that gives those bytes their meaning: the block
+  // shape and each layer's K and V codec (type, grouping, group size, static
+  // ranges, pre-RoPE). Blocks move only between caches whose hashes are equal;
+  // the store's record header carries it and refuses any other.
+  uint64_t block_codec_hash() const;
+  // Copies block `block` into out (resized to block_record_bytes()).
+  // REQUIRES: the block is sealed in every layer (its FP16 staging slot, if
+  // any, is not exported: only the encoded form is).
+  void export_block(int32_t block, std::vector<uint8_t>& out) const;
+  // Overwrites block `block` with bytes exported by a cache with the same
+  // block_codec_hash(). Throws kvserve::Error when the size differs.
+  // Attention reads the block in encoded form only at positions where it is
+  // sealed; with a residual window a sequence that reuses k imported blocks
+  // must therefore import only blocks b < sealed_blocks(k * block_size + 1)
+  // and recompute the rest (their next queries read FP16 staging).
+  void import_block(int32_t block, std::span<const uint8_t> bytes);
+
  private:
   struct Layer {
     std::unique_ptr<KvCodec> k, v;

@@ -1,0 +1,89 @@
+// One tier of the KV store: a map from BlockKey to bytes with a budget.
+// Implementations: HostStore (memory, LRU), DiskStore (one directory, LRU,
+// survives restarts), RedisStore (a Redis server or cluster, TTL). The
+// TieredKvStore composes them and owns the record format; a tier stores bytes
+// opaquely and returns exactly what was put, or nothing.
+//
+// Batch-first: every call takes a batch of keys (the next blocks of one chain)
+// so a remote tier pays one round trip per call, not per block.
+//
+// Failures are results, not exceptions: a key that cannot be read is a miss,
+// a block that cannot be written is not stored, and both are counted in
+// stats().errors. Callers never need a try block around a tier.
+//
+// Thread safety: every method may be called concurrently from any thread (the
+// engine reads while the TieredKvStore's writer thread writes).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "store/block_key.h"
+#include "store/store_metrics.h"
+
+namespace kvserve {
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  // A short description for metrics and logs, e.g. "disk:/var/cache/kv".
+  const std::string& name() const { return name_; }
+
+  // Stores values[i] under keys[i], replacing any earlier value, and returns
+  // how many were stored (a block over the tier's whole budget is rejected, a
+  // failed write is an error; both leave the key absent). May evict least
+  // recently used blocks.  REQUIRES: keys.size() == values.size().
+  size_t put(std::span<const BlockKey> keys, std::span<const ByteView> values, const ChainTag& chain = std::nullopt);
+  // One entry per key: its bytes, or nullopt for a miss. A hit refreshes the
+  // block's recency.
+  [[nodiscard]] std::vector<std::optional<Bytes>> get(std::span<const BlockKey> keys,
+                                                      const ChainTag& chain = std::nullopt);
+  // As get, but only the leading run of hits matters: entries from the first
+  // miss on are nullopt. Local tiers stop reading there; a remote tier still
+  // answers the whole batch in its one round trip and drops the rest.
+  [[nodiscard]] std::vector<std::optional<Bytes>> get_leading(std::span<const BlockKey> keys,
+                                                              const ChainTag& chain = std::nullopt);
+  // Whether each key is present (a bitmap over keys), without reading values
+  // or refreshing recency. Unreachable = absent.
+  [[nodiscard]] std::vector<bool> contains(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
+  // Removes the keys that are present.
+  void remove(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
+
+  // Called by the record layer when a block this tier returned failed its
+  // check; the caller also removes it.
+  void count_corrupt(uint64_t n) { counters_.add(counters_.corrupt, n); }
+
+  TierStats stats() const;
+
+ protected:
+  explicit KvStore(std::string name) : name_(std::move(name)) {}
+
+  // The operations, without metrics; the public wrappers time them and count
+  // hits, misses, stores and bytes. Implementations count evictions,
+  // rejections and errors themselves in counters().
+  // Returns which blocks were stored.
+  virtual std::vector<bool> do_put(std::span<const BlockKey> keys, std::span<const ByteView> values,
+                                   const ChainTag& chain) = 0;
+  // When leading_only, may leave every entry after the first miss empty.
+  virtual std::vector<std::optional<Bytes>> do_get(std::span<const BlockKey> keys, const ChainTag& chain,
+                                                   bool leading_only) = 0;
+  virtual std::vector<bool> do_contains(std::span<const BlockKey> keys, const ChainTag& chain) = 0;
+  virtual void do_remove(std::span<const BlockKey> keys, const ChainTag& chain) = 0;
+  // Fills the resident and availability fields of `out`.
+  virtual void fill_resident(TierStats& out) const = 0;
+
+  TierCounters& counters() { return counters_; }
+
+ private:
+  std::vector<std::optional<Bytes>> timed_get(std::span<const BlockKey> keys, const ChainTag& chain, bool leading);
+
+  std::string name_;
+  TierCounters counters_;
+};
+
+}  // namespace kvserve

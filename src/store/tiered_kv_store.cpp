@@ -1,0 +1,222 @@
+#include "store/tiered_kv_store.h"
+
+#include <cassert>
+#include <cstring>
+
+#include "util/error.h"
+#include "util/timer.h"
+
+namespace kvserve {
+
+TieredKvStore::TieredKvStore(std::vector<std::unique_ptr<KvStore>> tiers, const TieredKvStoreOptions& options)
+    : tiers_(std::move(tiers)), options_(options) {
+  if (tiers_.empty()) fail("a tiered KV store needs at least one tier");
+  for (const auto& t : tiers_)
+    if (!t) fail("a tiered KV store was given a null tier");
+  if (options.queue_blocks == 0 || options.queue_bytes <= 0 || options.write_batch == 0)
+    fail("the KV store's write queue needs positive bounds and batch size");
+  writer_ = std::thread([this] { writer_loop(); });
+}
+
+TieredKvStore::~TieredKvStore() {
+  {
+    std::lock_guard lock(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  writer_.join();
+}
+
+size_t TieredKvStore::enqueue_writes(std::vector<Job> jobs) {
+  size_t accepted = 0;
+  {
+    std::lock_guard lock(queue_mu_);
+    for (Job& job : jobs) {
+      const int64_t bytes = int64_t(job.bytes());
+      if (stop_ || queued_writes_ >= options_.queue_blocks || queued_bytes_ + bytes > options_.queue_bytes) {
+        ++dropped_;
+        continue;
+      }
+      queued_bytes_ += bytes;
+      ++queued_writes_;
+      queue_.push_back(std::move(job));
+      ++accepted;
+    }
+  }
+  if (accepted > 0) queue_cv_.notify_one();
+  return accepted;
+}
+
+void TieredKvStore::enqueue_remove(std::vector<Job> jobs) {
+  {
+    std::lock_guard lock(queue_mu_);
+    // Removes are never dropped: they are small, and dropping one could leave
+    // a block the caller asked to be gone.
+    for (Job& job : jobs) queue_.push_back(std::move(job));
+  }
+  queue_cv_.notify_one();
+}
+
+size_t TieredKvStore::put(std::span<const BlockKey> keys, std::span<const ByteView> payloads, const ChainTag& chain) {
+  assert(keys.size() == payloads.size());
+  std::vector<Job> jobs;
+  jobs.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Job job;
+    job.key = keys[i];
+    job.chain = chain;
+    job.unsealed = std::make_shared<Bytes>(kRecordHeaderBytes + payloads[i].size());
+    if (!payloads[i].empty())
+      std::memcpy(job.unsealed->data() + kRecordHeaderBytes, payloads[i].data(), payloads[i].size());
+    job.first_tier = 0;
+    job.end_tier = tiers_.size();
+    jobs.push_back(std::move(job));
+  }
+  const size_t accepted = enqueue_writes(std::move(jobs));
+  std::lock_guard lock(queue_mu_);
+  enqueued_ += accepted;
+  return accepted;
+}
+
+bool TieredKvStore::put(const BlockKey& key, ByteView payload, const ChainTag& chain) {
+  return put(std::span(&key, 1), std::span(&payload, 1), chain) == 1;
+}
+
+std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, const ChainTag& chain) {
+  Timer timer;
+  std::vector<LoadedBlock> out;
+  out.reserve(keys.size());
+  for (size_t t = 0; t < tiers_.size() && out.size() < keys.size(); ++t) {
+    const std::span<const BlockKey> rest = keys.subspan(out.size());
+    std::vector<std::optional<Bytes>> got = tiers_[t]->get_leading(rest, chain);
+    std::vector<Job> promote, drop;
+    for (size_t i = 0; i < rest.size() && got[i]; ++i) {
+      const DecodedRecord d = decode_record(*got[i], {options_.identity, rest[i], options_.payload_bytes});
+      if (d.status != RecordStatus::Ok) {
+        tiers_[t]->count_corrupt(1);
+        // Damaged bytes are deleted. A sound record of another model, codec
+        // or block size is only refused: in a shared Redis it may be another
+        // fleet's, and it ages out by TTL or LRU like any block.
+        const bool foreign = d.status == RecordStatus::ModelMismatch || d.status == RecordStatus::CodecMismatch ||
+                             d.status == RecordStatus::LengthMismatch;
+        if (!foreign) drop.push_back(Job{true, rest[i], chain, nullptr, nullptr, t, t + 1});
+        break;
+      }
+      auto record = std::make_shared<const Bytes>(std::move(*got[i]));
+      if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, nullptr, record, 0, t});
+      out.push_back(LoadedBlock{std::move(record), int(t)});
+    }
+    if (!drop.empty()) enqueue_remove(std::move(drop));
+    if (!promote.empty()) {
+      const size_t n = enqueue_writes(std::move(promote));
+      std::lock_guard lock(queue_mu_);
+      promotions_ += n;
+    }
+  }
+  lookups_.fetch_add(1, std::memory_order_relaxed);
+  blocks_requested_.fetch_add(keys.size(), std::memory_order_relaxed);
+  blocks_found_.fetch_add(out.size(), std::memory_order_relaxed);
+  lookup_latency_.record(timer.seconds());
+  return out;
+}
+
+std::vector<int> TieredKvStore::locate(std::span<const BlockKey> keys, const ChainTag& chain) {
+  std::vector<int> where(keys.size(), -1);
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    std::vector<size_t> open;
+    std::vector<BlockKey> ask;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (where[i] < 0) {
+        open.push_back(i);
+        ask.push_back(keys[i]);
+      }
+    if (ask.empty()) break;
+    const std::vector<bool> found = tiers_[t]->contains(ask, chain);
+    for (size_t j = 0; j < open.size(); ++j)
+      if (found[j]) where[open[j]] = int(t);
+  }
+  return where;
+}
+
+void TieredKvStore::remove(std::span<const BlockKey> keys, const ChainTag& chain) {
+  std::vector<Job> jobs;
+  for (const BlockKey& key : keys) jobs.push_back(Job{true, key, chain, nullptr, nullptr, 0, tiers_.size()});
+  enqueue_remove(std::move(jobs));
+}
+
+void TieredKvStore::flush() {
+  std::unique_lock lock(queue_mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+}
+
+void TieredKvStore::writer_loop() {
+  std::vector<Job> batch;
+  for (;;) {
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      if (queue_.empty()) return;  // stopping, and everything is written
+      // One batch: consecutive jobs that go to the same tiers the same way.
+      const bool remove = queue_.front().remove;
+      const ChainTag chain = queue_.front().chain;
+      const size_t first_tier = queue_.front().first_tier, end_tier = queue_.front().end_tier;
+      while (!queue_.empty() && batch.size() < options_.write_batch && queue_.front().remove == remove &&
+             queue_.front().chain == chain && queue_.front().first_tier == first_tier &&
+             queue_.front().end_tier == end_tier) {
+        Job& job = queue_.front();
+        if (!job.remove) {
+          queued_bytes_ -= int64_t(job.bytes());
+          --queued_writes_;
+        }
+        batch.push_back(std::move(job));
+        queue_.pop_front();
+      }
+      writing_ = true;
+    }
+    run(batch);
+    {
+      std::lock_guard lock(queue_mu_);
+      if (!batch.front().remove) written_ += batch.size();
+      writing_ = false;
+      if (queue_.empty()) idle_cv_.notify_all();
+    }
+    batch.clear();
+  }
+}
+
+void TieredKvStore::run(std::span<Job> batch) {
+  std::vector<BlockKey> keys;
+  std::vector<ByteView> values;
+  for (Job& job : batch) {
+    keys.push_back(job.key);
+    if (job.unsealed) {
+      write_record_header(options_.identity, job.key, *job.unsealed);
+      job.record = std::move(job.unsealed);
+    }
+    if (!job.remove) values.push_back(ByteView(*job.record));
+  }
+  const Job& head = batch.front();
+  for (size_t t = head.first_tier; t < head.end_tier; ++t) {
+    if (head.remove) tiers_[t]->remove(keys, head.chain);
+    else (void)tiers_[t]->put(keys, values, head.chain);
+  }
+}
+
+TieredStats TieredKvStore::stats() const {
+  TieredStats s;
+  for (const auto& t : tiers_) s.tiers.push_back(t->stats());
+  s.lookups = lookups_.load(std::memory_order_relaxed);
+  s.blocks_requested = blocks_requested_.load(std::memory_order_relaxed);
+  s.blocks_found = blocks_found_.load(std::memory_order_relaxed);
+  s.lookup_latency = lookup_latency_.snapshot();
+  std::lock_guard lock(queue_mu_);
+  s.enqueued = enqueued_;
+  s.dropped = dropped_;
+  s.written = written_;
+  s.promotions = promotions_;
+  s.queued_blocks = queued_writes_;
+  s.queued_bytes = queued_bytes_;
+  return s;
+}
+
+}  // namespace kvserve
