@@ -17,7 +17,9 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,20 +35,32 @@ std::string_view block_hash_algo_name(BlockHashAlgo algo);  // "xxh3", "sha256"
 // Parses "xxh3" or "sha256"; throws kvserve::Error otherwise.
 BlockHashAlgo parse_block_hash_algo(std::string_view name);
 
+// Also the key of a block in every store tier (src/store/): tiers compare
+// keys only, so the tenant salt folded in here keeps tenants apart there too.
 struct BlockKey {
+  static constexpr size_t kBytes = 32;
   // The digest: 32 bytes of SHA-256, or XXH3-128 in its canonical (big-endian)
   // form in the first 16 bytes with the rest zero.
-  std::array<uint8_t, 32> bytes{};
+  std::array<uint8_t, kBytes> bytes{};
 
   friend bool operator==(const BlockKey&, const BlockKey&) = default;
-  // The first 8 bytes as an integer (hash tables, compact event ids).
+  friend auto operator<=>(const BlockKey&, const BlockKey&) = default;
+  // The first 8 bytes as an integer (compact event ids).
   uint64_t prefix64() const;
   // Lower-case hex of the digest's bytes (32 or 64 digits).
   std::string hex(BlockHashAlgo algo) const;
+  // All 64 hex digits (a 16-byte key ends in 32 zeros).
+  std::string hex() const;
+  // The first n bytes of data, the rest zero. Throws kvserve::Error when n > 32.
+  static BlockKey from_bytes(std::span<const uint8_t> data);
+  // Parses exactly 64 hex digits (either case); nullopt otherwise.
+  static std::optional<BlockKey> from_hex(std::string_view hex);
 };
 
+// Mixes all 32 bytes: tests and tools build structured keys (a counter in the
+// last bytes), not only digests.
 struct BlockKeyHash {
-  size_t operator()(const BlockKey& k) const noexcept { return size_t(k.prefix64()); }
+  size_t operator()(const BlockKey& k) const noexcept;
 };
 
 class BlockHasher {
