@@ -5,6 +5,7 @@
 
 #include "engine/sampler.h"
 #include "engine/transformer.h"
+#include "tools/bench_server.h"
 #include "tools/cli_common.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
@@ -23,6 +24,7 @@ struct BenchArgs {
   // random K/V instead of running a prefill (decode cost does not depend on
   // the values), then prefill --prompt-tokens after them.
   int32_t fill_context = 0;
+  LoadOptions load;  // with --server: load-test a running server instead
 };
 
 // Writes random K/V for n positions of every layer, as a prefill would.
@@ -130,15 +132,24 @@ void run(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill/decode speed and memory-bandwidth use");
-  add_common_options(*cmd, a->common);
-  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length")->capture_default_str();
+  add_common_options(*cmd, a->common, /*model_required=*/false);
+  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length (with --server: default 64)")->capture_default_str();
   cmd->add_option("--gen-tokens", a->gen_tokens, "tokens to decode")->capture_default_str();
   cmd->add_option("--batch", a->batch, "prefill tokens per forward pass")->capture_default_str();
   cmd->add_option("--bandwidth-mib", a->bandwidth_mib, "buffer size of the bandwidth probe")->capture_default_str();
   cmd->add_option("--fill-context", a->fill_context,
                   "speed only: positions of random K/V placed before the prompt instead of a long prefill")
       ->capture_default_str();
-  cmd->callback([a] { run(*a); });
+  add_server_bench_options(*cmd, a->load);
+  cmd->callback([a, cmd] {
+    if (!a->load.server.empty()) {
+      if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;
+      run_server_bench(a->load, a->common.json);
+      return;
+    }
+    if (a->common.model_path.empty()) fail("--model is required (or --server URL to load-test a running server)");
+    run(*a);
+  });
 }
 
 }  // namespace kvserve::cli

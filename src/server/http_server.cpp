@@ -180,6 +180,7 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
     responses_.record(route_label(req.path), res.status);
   });
   s.set_payload_max_length(options_.max_body_bytes);
+  s.set_tcp_nodelay(true);  // one small SSE chunk per token: send each at once
   s.set_keep_alive_timeout(options_.keep_alive_timeout_seconds);
   s.set_keep_alive_max_count(100000);
   const size_t threads = size_t(options_.http_threads);
