@@ -59,5 +59,27 @@ TEST(ConnectionProbe, FindsTheServerSideAndSeesTheClientLeave) {
   close(listener);
 }
 
+TEST(ConnectionProbe, ShutdownAllClosesTheServerSideOfAPortOnly) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  addr.sin_port = htons(uint16_t(port_of(listener, false)));
+  const int client = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int accepted = accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  // Only the accepted socket has the listening port as its local port.
+  EXPECT_EQ(ConnectionProbe::shutdown_all(port_of(listener, false)), 1);
+  char byte;
+  EXPECT_EQ(recv(client, &byte, 1, 0), 0);  // the client sees end-of-file
+  EXPECT_EQ(send(client, "x", 1, MSG_NOSIGNAL), 1);  // its own side was left alone
+  close(client);
+  close(accepted);
+  close(listener);
+}
+
 }  // namespace
 }  // namespace kvserve

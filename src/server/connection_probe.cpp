@@ -25,12 +25,12 @@ bool numeric_endpoint(const sockaddr_storage& addr, socklen_t len, std::string* 
   return true;
 }
 
-}  // namespace
-
-ConnectionProbe ConnectionProbe::find(const std::string& remote_addr, int remote_port, int local_port) {
+// Calls f(fd, peer host, peer port, local port) for every connected IP socket
+// of this process until f returns true.
+template <class F>
+void for_each_connection(F&& f) {
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return {};
-  int found = -1;
+  if (!dir) return;
   while (dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
@@ -43,13 +43,30 @@ ConnectionProbe ConnectionProbe::find(const std::string& remote_addr, int remote
     int peer_port = 0, port = 0;
     if (!numeric_endpoint(peer, peer_len, &peer_host, &peer_port)) continue;
     if (!numeric_endpoint(local, local_len, &local_host, &port)) continue;
-    if (peer_host == remote_addr && peer_port == remote_port && port == local_port) {
-      found = int(fd);
-      break;
-    }
+    if (f(int(fd), peer_host, peer_port, port)) break;
   }
   closedir(dir);
+}
+
+}  // namespace
+
+ConnectionProbe ConnectionProbe::find(const std::string& remote_addr, int remote_port, int local_port) {
+  int found = -1;
+  for_each_connection([&](int fd, const std::string& host, int peer_port, int port) {
+    if (host != remote_addr || peer_port != remote_port || port != local_port) return false;
+    found = fd;
+    return true;
+  });
   return found >= 0 ? ConnectionProbe(found) : ConnectionProbe();
+}
+
+int ConnectionProbe::shutdown_all(int local_port) {
+  int n = 0;
+  for_each_connection([&](int fd, const std::string&, int, int port) {
+    if (port == local_port && ::shutdown(fd, SHUT_RDWR) == 0) ++n;
+    return false;
+  });
+  return n;
 }
 
 bool ConnectionProbe::closed() const {

@@ -9,6 +9,9 @@
 // valid while the handler runs: httplib closes it only after the handler
 // returns.
 //
+// The same search closes a stopped server's idle keep-alive connections
+// (shutdown_all).
+//
 // Linux-specific (/proc/self/fd). When no socket matches, the probe is
 // invalid and closed() is always false (streams still notice a failed write).
 //
@@ -25,6 +28,12 @@ class ConnectionProbe {
   // The connected TCP socket whose peer is (remote_addr, remote_port) and
   // whose local port is local_port.
   static ConnectionProbe find(const std::string& remote_addr, int remote_port, int local_port);
+
+  // Shuts down (both directions) every connected TCP socket of this process
+  // whose local port is local_port: a server's idle keep-alive connections,
+  // which httplib would otherwise hold open for their whole keep-alive
+  // timeout after the server stops. Returns how many.
+  static int shutdown_all(int local_port);
 
   bool valid() const { return fd_ >= 0; }
   // True once the peer has closed its side or the connection failed. Never

@@ -200,6 +200,7 @@ int HttpServer::start() {
   }
   if (port < 0) fail("cannot listen on {}:{} (address in use or not available)", options_.host, options_.port);
   static_cast<Listener&>(*http_).set_backlog(options_.listen_backlog);
+  port_ = port;
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   return port;
 }
@@ -223,6 +224,9 @@ void HttpServer::shutdown(double drain_seconds) {
     }
   }
   http_->stop();
+  // Every response is written: close idle keep-alive connections now rather
+  // than after their keep-alive timeout.
+  ConnectionProbe::shutdown_all(port_);
   listener_.join();
 }
 

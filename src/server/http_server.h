@@ -19,7 +19,8 @@
 // Shutdown (shutdown()): new completion requests get 503 and /health reports
 // "draining"; running requests finish until the drain deadline, then those
 // left are cancelled (a stream ends with an error event, a non-streamed
-// request gets 503); when every response is written, the listener stops.
+// request gets 503); when every response is written, the listener stops and
+// idle keep-alive connections are closed.
 //
 // Thread safety: start() once; shutdown() from any thread, once or more.
 // REQUIRES: the engine runs (Engine::start, or someone stepping it) until
@@ -119,6 +120,7 @@ class HttpServer {
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
+  int port_ = 0;                          // the bound port, once started
   ResponseCounter responses_;
 
   mutable std::mutex seed_mutex_;         // guards seeds_
