@@ -100,6 +100,21 @@ TEST_F(LoadClientServerTest, EveryRequestCompletesWithExactTokenCounts) {
   EXPECT_EQ(engine->stats().prompt_tokens, 12 * 16);
 }
 
+TEST_F(LoadClientServerTest, OpenLoopStartsRequestsAtTheOfferedRate) {
+  start(8, 64);
+  LoadOptions o;
+  o.server = url;
+  o.concurrency = 8;
+  o.requests = 10;
+  o.prompt_tokens = 8;
+  o.max_tokens = 4;
+  o.request_rate = 50;  // one every 20 ms: the last starts at 180 ms
+  const LoadReport r = run_load(o);
+  EXPECT_EQ(r.completed, 10);
+  EXPECT_GE(r.seconds, 0.18);
+  EXPECT_EQ(load_report_json(r)["request_rate"], 50.0);
+}
+
 TEST_F(LoadClientServerTest, OverloadIsRefusedNeverLost) {
   start(1, 2);
   LoadOptions o;

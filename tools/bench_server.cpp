@@ -12,6 +12,9 @@ void add_server_bench_options(CLI::App& cmd, LoadOptions& o) {
   cmd.add_option("--requests", o.requests, "with --server: requests in all")->capture_default_str();
   cmd.add_option("--shared-prefix", o.shared_prefix, "with --server: leading prompt tokens all requests share")
       ->capture_default_str();
+  cmd.add_option("--request-rate", o.request_rate,
+                 "with --server: start requests at this rate (req/s, open loop) instead of when a slot frees")
+      ->capture_default_str();
   cmd.add_option("--max-tokens", o.max_tokens, "with --server: tokens generated per request")->capture_default_str();
   cmd.add_option("--api-key", o.api_key, "with --server: sent as a Bearer token");
   cmd.add_option("--served-model-name", o.model, "with --server: model name (default: the server's first)");

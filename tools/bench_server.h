@@ -8,7 +8,7 @@
 
 namespace kvserve::cli {
 
-// Adds --server, --concurrency, --requests, --shared-prefix, --max-tokens,
+// Adds --server, --concurrency, --requests, --shared-prefix, --request-rate, --max-tokens,
 // --api-key and --served-model-name (bench's own --prompt-tokens and --json apply too).
 void add_server_bench_options(CLI::App& cmd, LoadOptions& o);
 // Runs the load and prints the report (one JSON object with json).

@@ -179,6 +179,7 @@ void LoadOptions::validate() const {
     fail("--shared-prefix must be between 0 and --prompt-tokens ({}) (got {})", prompt_tokens, shared_prefix);
   if (max_tokens < 1) fail("--max-tokens must be at least 1 (got {})", max_tokens);
   if (!(timeout_seconds > 0)) fail("the request timeout must be positive");
+  if (!(request_rate >= 0)) fail("--request-rate must be >= 0 (got {})", request_rate);
 }
 
 Percentiles percentiles(std::vector<double> v) {
@@ -234,17 +235,27 @@ LoadReport run_load(const LoadOptions& o) {
   r.model = model.name;
   r.samples.resize(size_t(o.requests));
   std::atomic<int32_t> next{0};
+  std::atomic<int32_t> late{0};
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> workers;
   for (int32_t w = 0; w < std::min(o.concurrency, o.requests); ++w) {
     workers.emplace_back([&] {
       httplib::Client client(o.server);
       configure(client, o);
-      for (int32_t i = next++; i < o.requests; i = next++) r.samples[size_t(i)] = run_one(client, bodies[size_t(i)], o);
+      for (int32_t i = next++; i < o.requests; i = next++) {
+        if (o.request_rate > 0) {
+          // Request i is due at i / rate; a worker that gets it later was busy (all slots taken).
+          const auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i / o.request_rate));
+          if (Clock::now() > due + std::chrono::milliseconds(10)) ++late;
+          std::this_thread::sleep_until(due);
+        }
+        r.samples[size_t(i)] = run_one(client, bodies[size_t(i)], o);
+      }
     });
   }
   for (std::thread& t : workers) t.join();
   r.seconds = since(t0);
+  r.late_starts = late;
 
   std::vector<double> ttft, tpot, e2e;
   std::set<std::string> errors;
@@ -281,6 +292,8 @@ json load_report_json(const LoadReport& r) {
           {"prompt_tokens_per_request", r.options.prompt_tokens},
           {"shared_prefix", r.options.shared_prefix},
           {"max_tokens", r.options.max_tokens},
+          {"request_rate", r.options.request_rate},
+          {"late_starts", r.late_starts},
           {"seconds", r.seconds},
           {"status_counts", status},
           {"completed", r.completed},
@@ -302,11 +315,14 @@ std::string load_report_text(const LoadReport& r) {
   for (const auto& [code, n] : r.status_counts)
     status += fmt::format("{}{} x{}", status.empty() ? "" : ", ", code == 0 ? "no response" : std::to_string(code), n);
   std::string out = fmt::format(
-      "{} requests to {} ({}), concurrency {}, {} prompt tokens ({} shared), {} max tokens\n"
+      "{} requests to {} ({}), concurrency {}{}, {} prompt tokens ({} shared), {} max tokens\n"
       "status: {} | completed {}, lost {}, stream errors {}\n"
       "throughput: {:.2f} req/s, {:.1f} output tok/s over {:.2f} s; cached prompt tokens {} of {}\n"
       "TTFT ms: p50 {:.1f} p90 {:.1f} p99 {:.1f} | TPOT ms: p50 {:.2f} p90 {:.2f} p99 {:.2f} | e2e ms: p50 {:.0f} p99 {:.0f}\n",
-      r.options.requests, r.options.server, r.model, r.options.concurrency, r.options.prompt_tokens,
+      r.options.requests, r.options.server, r.model, r.options.concurrency,
+      r.options.request_rate > 0 ? fmt::format(", {} req/s offered ({} started late)", r.options.request_rate, r.late_starts)
+                                 : std::string(),
+      r.options.prompt_tokens,
       r.options.shared_prefix, r.options.max_tokens, status, r.completed, r.lost, r.stream_errors, r.request_throughput,
       r.output_throughput, r.seconds, r.cached_tokens, r.prompt_tokens, r.ttft.p50 * 1e3, r.ttft.p90 * 1e3,
       r.ttft.p99 * 1e3, r.tpot.p50 * 1e3, r.tpot.p90 * 1e3, r.tpot.p99 * 1e3, r.e2e.p50 * 1e3, r.e2e.p99 * 1e3);

@@ -1,5 +1,7 @@
 // A load generator for an OpenAI-compatible server (`kvserve bench --server`):
-// N streamed completion requests with C in flight, each with a prompt of
+// N streamed completion requests with at most C in flight, sent as soon as a
+// slot frees (closed loop) or at a fixed arrival rate (open loop, as an
+// overload test needs: refused requests do not speed up arrivals), each with a prompt of
 // random token ids (the first `shared_prefix` shared by all, so a prefix cache
 // can hit), temperature 0 and ignore_eos, so every request generates exactly
 // max_tokens tokens. It measures what a client sees:
@@ -29,6 +31,7 @@ struct LoadOptions {
   int32_t shared_prefix = 0;       // leading prompt tokens every request shares
   int32_t prompt_tokens = 64;      // prompt length in tokens, shared prefix included
   int32_t max_tokens = 32;         // tokens generated per request
+  double request_rate = 0;         // requests started per second (open loop); 0 = closed loop
   std::string model;               // empty = the first model of GET /v1/models
   std::string api_key;             // sent as "Authorization: Bearer KEY" when not empty
   double timeout_seconds = 600;    // per request (connect and each read)
@@ -70,6 +73,7 @@ struct LoadReport {
   std::string model;
   double seconds = 0;                      // wall time of the whole run
   std::map<int, int32_t> status_counts;    // HTTP status -> requests (0 = no response)
+  int32_t late_starts = 0;                 // open loop: requests that found no free slot on time
   int32_t completed = 0;                   // complete 200 streams
   int32_t lost = 0;                        // no response, or a 200 stream cut short
   int32_t stream_errors = 0;               // 200 streams that ended with an error event
