@@ -5,6 +5,8 @@
 # usage: bench/server_load.sh MODEL "CONCURRENCIES" REQUESTS_PER_CLIENT PROMPT_TOKENS MAX_TOKENS [serve flags...]
 #   e.g. bench/server_load.sh models/stories260K.gguf "1 4 16" 8 64 128 --threads 2 --max-num-seqs 16
 # SHARED_PREFIX=N: the first N prompt tokens are the same in every request.
+# REQUEST_RATE=R: open loop, R requests/s offered (concurrency is then the
+# most in flight); default: closed loop.
 # (from the project root, after scripts/build.sh)
 set -euo pipefail
 kvserve=${KVSERVE:-build/kvserve}
@@ -22,7 +24,8 @@ done
 url=$(grep -o 'http://[^ ]*' "$log" | tail -1)
 for c in $concurrencies; do
   "$kvserve" bench --server "$url" --concurrency "$c" --requests $((c * per_client)) \
-    --prompt-tokens "$prompt" --max-tokens "$max_tokens" --shared-prefix "${SHARED_PREFIX:-0}" --json
+    --prompt-tokens "$prompt" --max-tokens "$max_tokens" --shared-prefix "${SHARED_PREFIX:-0}" \
+    --request-rate "${REQUEST_RATE:-0}" --json
 done
 kill -TERM $server
 wait $server || { echo "kvserve serve exited $? after SIGTERM" >&2; cat "$log" >&2; exit 1; }

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <future>
+#include <latch>
 #include <thread>
 
 #include "engine/generator.h"
@@ -552,6 +553,33 @@ TEST_F(HttpServerTest, BoundedOverloadGetsOnly200And429) {
   EXPECT_EQ(s.finished_length, ok);
   EXPECT_EQ(s.requests_rejected, rejected);
   EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, MoreKeepAliveClientsThanThreadsAreAllServed) {
+  HttpServerOptions ho;
+  ho.http_threads = 2;
+  ho.keep_alive_timeout_seconds = 60;  // an idle client would hold its thread this long
+  start({}, ho);
+  // Six clients keep their connections open until all are served: with two
+  // threads, the server must close connections while others wait for a
+  // thread, or the last four wait for the keep-alive timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::latch served(6);
+  std::vector<std::future<int>> clients;
+  for (int i = 0; i < 6; ++i)
+    clients.push_back(std::async(std::launch::async, [this, i, &served] {
+      httplib::Client c = client();
+      c.set_keep_alive(true);
+      int ok = 0;
+      for (int k = 0; k < 3; ++k) {
+        auto res = c.Post("/v1/completions", completion(kPrompts[size_t(i)], 8).dump(), "application/json");
+        ok += res && res->status == 200;
+      }
+      served.arrive_and_wait();
+      return ok;
+    }));
+  for (auto& f : clients) EXPECT_EQ(f.get(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
 TEST_F(HttpServerTest, ClosingAStreamCancelsTheSequenceAndFreesItsBlocks) {

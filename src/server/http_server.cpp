@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "server/connection_probe.h"
+#include "server/connection_threads.h"
 #include "server/event_queue.h"
 #include "server/utf8_stream.h"
 #include "util/error.h"
@@ -184,7 +185,16 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   s.set_keep_alive_timeout(options_.keep_alive_timeout_seconds);
   s.set_keep_alive_max_count(100000);
   const size_t threads = size_t(options_.http_threads);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.new_task_queue = [this, threads] {
+    auto* pool = new ConnectionThreads(threads);  // owned by httplib
+    connection_threads_ = pool;
+    return pool;
+  };
+  // Keep-alive only while no connection waits for a thread (connection_threads.h).
+  s.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    const ConnectionThreads* pool = connection_threads_;
+    if (pool && pool->waiting() > 0) res.set_header("Connection", "close");
+  });
   http_ = std::move(listener);
 }
 

@@ -53,13 +53,16 @@ struct Response;
 
 namespace kvserve {
 
+class ConnectionThreads;
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                      // 0 = any free port (start() returns it)
   std::string served_model_name;        // empty = the model file's name without its extension
   std::string chat_template;            // chat format name; empty = from the GGUF, else plain
   bool require_api_key = false;         // with keys loaded: a request without a key gets 401
-  int http_threads = 0;                 // connection threads (a streaming request holds one);
+  int http_threads = 0;                 // connection threads (a streaming request holds one;
+                                        // keep-alive only while none is waiting);
                                         // 0 = max_num_seqs + max_waiting + 16
   int retry_after_seconds = 1;          // Retry-After of a 429
   int poll_interval_ms = 50;            // how often a handler waiting for tokens checks its client
@@ -121,6 +124,8 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
   int port_ = 0;                          // the bound port, once started
+  // httplib's connection threads (httplib owns them); set when listening starts.
+  std::atomic<const ConnectionThreads*> connection_threads_{nullptr};
   ResponseCounter responses_;
 
   mutable std::mutex seed_mutex_;         // guards seeds_
