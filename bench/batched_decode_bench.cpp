@@ -4,11 +4,13 @@
 // matrix is read once per step for the whole batch). Each sequence has
 // --context tokens of KV already; steps keep appending, so the context grows
 // slowly during the run. items_per_second = generated tokens per second. On a
-// shared machine use repetitions and read the "min" aggregate (the step least
-// disturbed by other work).
+// shared machine, time a few steps per repetition, interleave the repetitions
+// of all N at random, and read the "min" aggregate (the steps least disturbed
+// by other work):
 //
-//   build/batched_decode_bench --model=/tmp/m400.gguf --threads=2 --benchmark_repetitions=5
-//       --benchmark_min_time=0.5 --benchmark_report_aggregates_only=true   (one line)
+//   build/batched_decode_bench --model=/tmp/m400.gguf --threads=2 --context=32 --steps=2
+//       --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
+//       --benchmark_report_aggregates_only=true --benchmark_filter='seqs:(1|16)/'   (one line)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@ struct Setup {
   std::string model_path;
   int threads = 2;
   int32_t context = 64;     // tokens of KV each sequence holds before timing
+  int64_t steps = 0;        // timed steps per repetition; 0 = as many as Google Benchmark picks
 };
 
 void BM_BatchedDecode(benchmark::State& state, const Model* model, const Setup* setup) {
@@ -80,17 +83,21 @@ int main(int argc, char** argv) {
       setup.threads = std::atoi(argv[i] + 10);
     } else if (std::strncmp(argv[i], "--context=", 10) == 0) {
       setup.context = std::atoi(argv[i] + 10);
+    } else if (std::strncmp(argv[i], "--steps=", 8) == 0) {
+      setup.steps = std::atoll(argv[i] + 8);
     } else {
       rest.push_back(argv[i]);
     }
   }
-  if (setup.model_path.empty() || setup.threads < 1 || setup.context < 1) {
-    std::fprintf(stderr, "usage: %s --model=PATH [--threads=2] [--context=64] [benchmark flags]\n", argv[0]);
+  if (setup.model_path.empty() || setup.threads < 1 || setup.context < 1 || setup.steps < 0) {
+    std::fprintf(stderr, "usage: %s --model=PATH [--threads=2] [--context=64] [--steps=N] [benchmark flags]\n", argv[0]);
     return 2;
   }
   const std::unique_ptr<kvserve::Model> model = kvserve::Model::load(setup.model_path);
-  benchmark::RegisterBenchmark("BatchedDecode", kvserve::BM_BatchedDecode, model.get(), &setup)
-      ->ArgName("seqs")
+  benchmark::internal::Benchmark* b =
+      benchmark::RegisterBenchmark("BatchedDecode", kvserve::BM_BatchedDecode, model.get(), &setup);
+  if (setup.steps > 0) b->Iterations(setup.steps);
+  b->ArgName("seqs")
       ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime()
