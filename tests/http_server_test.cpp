@@ -561,8 +561,8 @@ TEST_F(HttpServerTest, MoreKeepAliveClientsThanThreadsAreAllServed) {
   ho.keep_alive_timeout_seconds = 60;  // an idle client would hold its thread this long
   start({}, ho);
   // Six clients keep their connections open until all are served: with two
-  // threads, the server must close connections while others wait for a
-  // thread, or the last four wait for the keep-alive timeout.
+  // threads, the server must stop keeping connections alive once no thread is
+  // free, or the last clients wait for the keep-alive timeout.
   const auto t0 = std::chrono::steady_clock::now();
   std::latch served(6);
   std::vector<std::future<int>> clients;

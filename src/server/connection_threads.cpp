@@ -27,9 +27,9 @@ void ConnectionThreads::shutdown() {
     if (t.joinable()) t.join();
 }
 
-size_t ConnectionThreads::waiting() const {
+bool ConnectionThreads::saturated() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return jobs_.size();
+  return running_ + jobs_.size() >= threads_.size();
 }
 
 void ConnectionThreads::work() {
@@ -41,8 +41,11 @@ void ConnectionThreads::work() {
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      ++running_;
     }
     job();
+    std::lock_guard<std::mutex> lock(mutex_);
+    --running_;
   }
 }
 

@@ -190,10 +190,10 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
     connection_threads_ = pool;
     return pool;
   };
-  // Keep-alive only while no connection waits for a thread (connection_threads.h).
+  // Keep-alive only while a connection thread is free (connection_threads.h).
   s.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
     const ConnectionThreads* pool = connection_threads_;
-    if (pool && pool->waiting() > 0) res.set_header("Connection", "close");
+    if (pool && pool->saturated()) res.set_header("Connection", "close");
   });
   http_ = std::move(listener);
 }

@@ -62,7 +62,7 @@ struct HttpServerOptions {
   std::string chat_template;            // chat format name; empty = from the GGUF, else plain
   bool require_api_key = false;         // with keys loaded: a request without a key gets 401
   int http_threads = 0;                 // connection threads (a streaming request holds one;
-                                        // keep-alive only while none is waiting);
+                                        // keep-alive only while one is free);
                                         // 0 = max_num_seqs + max_waiting + 16
   int retry_after_seconds = 1;          // Retry-After of a 429
   int poll_interval_ms = 50;            // how often a handler waiting for tokens checks its client
