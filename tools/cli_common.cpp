@@ -3,6 +3,7 @@
 #include "kv/kv_calibration.h"
 #include "kv/kv_spec.h"
 #include "util/byte_size.h"
+#include "server/kv_request.h"
 #include "util/error.h"
 
 namespace kvserve::cli {
@@ -67,19 +68,7 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   return k;
 }
 
-std::string kv_description(const KvCache& cache) {
-  auto layer = [&](int l) {
-    const std::string k = cache.k_codec(l).config().describe(), v = cache.v_codec(l).config().describe();
-    return k == v ? k : "K " + k + " V " + v;
-  };
-  std::string out = layer(0);
-  bool uniform = true;
-  for (int l = 1; l < cache.n_layers(); ++l) uniform = uniform && layer(l) == out;
-  if (uniform) return out;
-  out.clear();
-  for (int l = 0; l < cache.n_layers(); ++l) out += (l ? ", " : "") + std::to_string(l) + ":" + layer(l);
-  return out;
-}
+std::string kv_description(const KvCache& cache) { return kv_codec_description(cache); }
 
 int thread_count(const CommonOptions& o) {
   if (o.threads < 0) fail("--threads must be >= 0 (got {})", o.threads);

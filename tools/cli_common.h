@@ -59,5 +59,6 @@ void register_inspect(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_calibrate(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace kvserve::cli

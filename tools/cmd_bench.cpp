@@ -7,6 +7,7 @@
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "engine/workload.h"
+#include "tools/bench_server.h"
 #include "tools/cli_common.h"
 #include "tools/engine_cli.h"
 #include "util/error.h"
@@ -30,6 +31,7 @@ struct BenchArgs {
   WorkloadOptions workload;
   bool workload_given = false;
   EngineCliOptions engine;
+  LoadOptions load;  // with --server: load-test a running server instead
 };
 
 void run_workload_bench(const BenchArgs& a) {
@@ -178,8 +180,8 @@ void run(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill/decode speed and memory-bandwidth use");
-  add_common_options(*cmd, a->common);
-  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length")->capture_default_str();
+  add_common_options(*cmd, a->common, /*model_required=*/false);
+  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length (with --server: default 64)")->capture_default_str();
   cmd->add_option("--gen-tokens", a->gen_tokens, "tokens to decode")->capture_default_str();
   cmd->add_option("--batch", a->batch, "prefill tokens per forward pass")->capture_default_str();
   cmd->add_option("--bandwidth-mib", a->bandwidth_mib, "buffer size of the bandwidth probe")->capture_default_str();
@@ -191,14 +193,24 @@ void register_bench(CLI::App& app) {
     a->workload.name = v;
     a->workload_given = true;
   }, "run a serving workload through the engine instead: shared-prefix");
-  cmd->add_option("--requests", w.requests, "workload: requests in all")->capture_default_str();
   cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
   cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();
-  cmd->add_option("--max-tokens", w.max_tokens, "workload: tokens generated per request")->capture_default_str();
-  cmd->add_option("--concurrency", w.concurrency, "workload: requests in flight at once")->capture_default_str();
   add_engine_options(*cmd, a->engine);
-  cmd->callback([a] { run(*a); });
+  // --requests, --concurrency and --max-tokens serve both --server and --workload.
+  add_server_bench_options(*cmd, a->load);
+  cmd->callback([a, cmd] {
+    if (!a->load.server.empty()) {
+      if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;
+      run_server_bench(a->load, a->common.json);
+      return;
+    }
+    if (a->common.model_path.empty()) fail("--model is required (or --server URL to load-test a running server)");
+    if (cmd->count("--requests")) a->workload.requests = a->load.requests;
+    if (cmd->count("--concurrency")) a->workload.concurrency = a->load.concurrency;
+    if (cmd->count("--max-tokens")) a->workload.max_tokens = a->load.max_tokens;
+    run(*a);
+  });
 }
 
 }  // namespace kvserve::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   kvserve::cli::register_tokenize(app);
   kvserve::cli::register_synth(app);
   kvserve::cli::register_calibrate(app);
+  kvserve::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

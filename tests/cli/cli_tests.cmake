@@ -61,3 +61,27 @@ add_test(NAME cli.inspect_json COMMAND ${CMAKE_COMMAND}
 add_test(NAME cli.tokenize_vocab_only_gguf COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;tokenize;--model;${KVSERVE_SHARED_DIR}/vocab/ggml-vocab-llama-spm.gguf;--file;${MODELS}/README.md;--json"
   "-DFIELDS=tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+
+# The server (issue 6): clean start-up errors, the load generator's errors, and
+# the whole server through the official OpenAI Node.js client (tests/server;
+# its `openai` package is installed by scripts/install_deps.sh with npm ci).
+kvserve_error_test(cli.serve_error_bad_host "cannot listen on 256.0.0.1:8080"
+  serve --model ${MODELS}/stories260K.gguf --host 256.0.0.1)
+kvserve_error_test(cli.serve_error_chat_template "unknown chat template 'jinja'"
+  serve --model ${MODELS}/stories260K.gguf --port 0 --chat-template jinja)
+kvserve_error_test(cli.serve_error_api_key_file "cannot open the API key file"
+  serve --model ${MODELS}/stories260K.gguf --port 0 --api-keys ${MODELS}/no_such_keys.txt)
+kvserve_error_test(cli.serve_error_require_key_without_keys "needs a key file"
+  serve --model ${MODELS}/stories260K.gguf --port 0 --require-api-key)
+kvserve_error_test(cli.bench_error_server_unreachable "cannot reach http://127.0.0.1:1"
+  bench --server http://127.0.0.1:1 --requests 1)
+kvserve_error_test(cli.bench_error_no_model "--model is required"
+  bench --prompt-tokens 8)
+find_program(KVSERVE_NODE node)
+if(KVSERVE_NODE)
+  add_test(NAME server.openai_node COMMAND ${KVSERVE_NODE} ${CMAKE_SOURCE_DIR}/tests/server/openai_client_test.mjs
+           $<TARGET_FILE:kvserve> ${MODELS}/stories260K.gguf)
+  set_tests_properties(server.openai_node PROPERTIES TIMEOUT 120)
+else()
+  message(WARNING "node not found: server.openai_node (the OpenAI client test) is not registered")
+endif()

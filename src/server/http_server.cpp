@@ -1,0 +1,519 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "server/connection_probe.h"
+#include "server/connection_threads.h"
+#include "server/event_queue.h"
+#include "server/utf8_stream.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+using SteadyTime = std::chrono::steady_clock;
+
+// cpp-httplib 0.11 listens with a backlog of 5, compiled into Debian's
+// library: a burst of clients connecting at once (a load test, a batch job)
+// would see SYNs dropped and retried a second later. Listening again on the
+// bound socket only raises the kernel's queue.
+class Listener : public httplib::Server {
+ public:
+  void set_backlog(int n) { ::listen(svr_sock_, n); }
+};
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
+
+ApiError error_of(int status, std::string message, std::string type, std::string code, std::string param = {}) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.param = std::move(param);
+  return e;
+}
+
+ApiError shutting_down() {
+  return error_of(503, "the server is shutting down", "server_error", "server_shutting_down");
+}
+
+// What the client sees when its request ends without a result.
+ApiError finish_error(const RequestEvent& e) {
+  if (e.finish == FinishReason::Cancelled)
+    return error_of(503, "the server shut down before the request finished", "server_error", "server_shutting_down");
+  return error_of(500, "the engine failed to run the request: " + e.error, "server_error", "engine_error");
+}
+
+struct Route {
+  const char* path;
+  const char* method;
+};
+constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+                             {"/v1/models", "GET"},        {"/health", "GET"},
+                             {"/metrics", "GET"}};
+
+// The route a path counts under in kvserve_http_responses_total (bounded label values).
+std::string route_label(const std::string& path) {
+  for (const Route& r : kRoutes)
+    if (path == r.path) return r.path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct HttpServer::Completion {
+  Endpoint endpoint = Endpoint::Completions;
+  ResponseMeta meta;
+  bool include_usage = false;
+  RequestId id = 0;
+  std::shared_ptr<EventQueue> events = std::make_shared<EventQueue>();
+  ConnectionProbe probe;
+  Utf8Stream utf8;
+  bool finished = false;        // the final event was handled
+  bool started = false;         // streaming: the response has begun
+  SteadyTime::time_point last_write = SteadyTime::now();
+};
+
+HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiKeys keys, HttpServerOptions options)
+    : engine_(engine),
+      keys_(std::move(keys)),
+      options_(std::move(options)),
+      started_(SteadyTime::now()),
+      seeds_(std::random_device{}()) {
+  if (options_.http_threads < 0) fail("the HTTP thread count must be >= 0 (got {})", options_.http_threads);
+  if (options_.poll_interval_ms < 1 || options_.heartbeat_ms < 1 || options_.keep_alive_timeout_seconds < 1 ||
+      options_.retry_after_seconds < 0 || options_.listen_backlog < 1)
+    fail("HTTP server timings must be positive");
+  if (options_.http_threads == 0)
+    options_.http_threads = engine_options.scheduler.max_num_seqs + engine_options.max_waiting + 16;
+  if (options_.require_api_key && keys_.size() == 0) fail("requiring API keys needs a key file (--api-keys)");
+
+  const Model& model = engine.model();
+  model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
+                                                   : options_.served_model_name;
+  context_length_ = model.config().seq_len;
+  kv_capacity_tokens_ = int64_t(engine.cache().pool().num_blocks()) * engine.cache().block_size();
+  tokenizer_ = model.tokenizer();
+  if (tokenizer_) {
+    chat_template_ = ChatTemplate::for_model(model, options_.chat_template);
+  } else if (!options_.chat_template.empty()) {
+    fail("a chat template needs a model with a vocabulary");
+  }
+  kv_limits_ = kv_request_limits(engine.cache());
+  id_prefix_ = fmt::format("{:08x}", uint32_t(seeds_()));
+  created_ = unix_seconds();
+
+  auto listener = std::make_unique<Listener>();
+  httplib::Server& s = *listener;
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_completion(req, res, Endpoint::Completions);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_completion(req, res, Endpoint::ChatCompletions);
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const json model = model_json(model_name_, created_, context_length_, engine_.config().vocab_size);
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != model_name_) {
+      send_error(res, error_of(404, fmt::format("model '{}' is not served here (this server serves '{}')",
+                                                std::string(req.matches[1]), model_name_),
+                               "invalid_request_error", "model_not_found", "model"));
+      return;
+    }
+    send_json(res, 200, model_json(model_name_, created_, context_length_, engine_.config().vocab_size));
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    send_json(res, draining_ ? 503 : 200, {{"status", draining_ ? "draining" : "ok"}});
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error object
+    if (res.status == 404) {
+      for (const Route& r : kRoutes) {
+        if (req.path == r.path) {
+          res.set_header("Allow", r.method);
+          send_error(res, error_of(405, fmt::format("{} needs {} (got {})", r.path, r.method, req.method),
+                                   "invalid_request_error", "method_not_allowed"));
+          return;
+        }
+      }
+      send_error(res, error_of(404, fmt::format("unknown route: {} {}", req.method, req.path),
+                               "invalid_request_error", "unknown_route"));
+    } else if (res.status == 413) {
+      send_error(res, error_of(413, "the request body is too large", "invalid_request_error", "payload_too_large"));
+    } else {
+      send_error(res, error_of(res.status, fmt::format("HTTP {}", res.status),
+                               res.status < 500 ? "invalid_request_error" : "server_error", {}));
+    }
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, error_of(500, "internal error: " + what, "server_error", "internal_error"));
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    responses_.record(route_label(req.path), res.status);
+  });
+  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_tcp_nodelay(true);  // one small SSE chunk per token: send each at once
+  s.set_keep_alive_timeout(options_.keep_alive_timeout_seconds);
+  s.set_keep_alive_max_count(100000);
+  const size_t threads = size_t(options_.http_threads);
+  s.new_task_queue = [this, threads] {
+    auto* pool = new ConnectionThreads(threads);  // owned by httplib
+    connection_threads_ = pool;
+    return pool;
+  };
+  // Keep-alive only while a connection thread is free (connection_threads.h).
+  s.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    const ConnectionThreads* pool = connection_threads_;
+    if (pool && pool->saturated()) res.set_header("Connection", "close");
+  });
+  http_ = std::move(listener);
+}
+
+HttpServer::~HttpServer() { shutdown(0); }
+
+int HttpServer::start() {
+  if (listener_.joinable()) fail("the HTTP server is already running");
+  int port = options_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(options_.host);
+  } else if (!http_->bind_to_port(options_.host, port)) {
+    port = -1;
+  }
+  if (port < 0) fail("cannot listen on {}:{} (address in use or not available)", options_.host, options_.port);
+  static_cast<Listener&>(*http_).set_backlog(options_.listen_backlog);
+  port_ = port;
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  return port;
+}
+
+void HttpServer::shutdown(double drain_seconds) {
+  std::lock_guard<std::mutex> once(shutdown_mutex_);
+  if (!listener_.joinable()) return;
+  const auto deadline = SteadyTime::now() + std::chrono::duration_cast<SteadyTime::duration>(
+                                           std::chrono::duration<double>(std::max(0.0, drain_seconds)));
+  {
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    draining_ = true;
+    auto idle = [&] { return in_flight_.empty() && active_responses_ == 0; };
+    state_cv_.wait_until(lock, deadline, idle);
+    // Past the deadline: cancel what still runs (repeatedly: a handler may
+    // have submitted just before draining began) until every response is written.
+    while (!idle()) {
+      for (const auto& [ticket, id] : in_flight_)
+        if (id != 0) engine_.cancel(id);
+      state_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_interval_ms), idle);
+    }
+  }
+  http_->stop();
+  // Every response is written: close idle keep-alive connections now rather
+  // than after their keep-alive timeout.
+  ConnectionProbe::shutdown_all(port_);
+  listener_.join();
+}
+
+bool HttpServer::begin_response() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  if (draining_) return false;
+  ++active_responses_;
+  return true;
+}
+
+void HttpServer::end_response() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  --active_responses_;
+  state_cv_.notify_all();
+}
+
+uint64_t HttpServer::begin_request() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  const uint64_t ticket = next_ticket_++;
+  in_flight_.emplace(ticket, 0);
+  return ticket;
+}
+
+void HttpServer::set_request_id(uint64_t ticket, RequestId id) {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  // The final event may already have ended the ticket.
+  if (auto it = in_flight_.find(ticket); it != in_flight_.end()) it->second = id;
+}
+
+void HttpServer::end_request(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  in_flight_.erase(ticket);
+  state_cv_.notify_all();
+}
+
+std::string HttpServer::metrics_text() const {
+  ServerMetrics m;
+  m.model = model_name_;
+  m.kv_codec = kv_limits_.description;
+  m.responses = responses_.snapshot();
+  m.uptime_seconds = std::chrono::duration<double>(SteadyTime::now() - started_).count();
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    m.in_flight = int64_t(in_flight_.size());
+  }
+  return render_metrics(engine_.stats(), m);
+}
+
+std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request* r) const {
+  const bool chat = cr.endpoint == Endpoint::ChatCompletions;
+  const std::string param = chat ? "messages" : "prompt";
+  if (chat) {
+    if (!chat_template_)
+      return invalid_request("this model has no vocabulary, so it cannot chat; send token ids to /v1/completions",
+                             "messages");
+    try {
+      r->prompt = chat_template_->render(cr.messages);
+    } catch (const Error& e) {
+      return invalid_request(e.what(), "messages");
+    }
+  } else if (cr.prompt_is_tokens) {
+    r->prompt = cr.prompt_tokens;
+    const int32_t vocab = engine_.config().vocab_size;
+    for (int32_t t : r->prompt)
+      if (t >= vocab) return invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", t, vocab),
+                                             "prompt");
+  } else {
+    if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt");
+    r->prompt = tokenizer_->encode(cr.prompt_text, tokenizer_->add_bos_default());
+  }
+  if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param);
+
+  const int64_t n = int64_t(r->prompt.size());
+  if (n >= context_length_)
+    return invalid_request(fmt::format("the prompt has {} tokens; this model's context length is {} tokens, and at "
+                                       "least one must be left to generate",
+                                       n, context_length_),
+                           param, "context_length_exceeded");
+  // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat.
+  const int64_t room = std::min<int64_t>(context_length_, kv_capacity_tokens_) - n;
+  int64_t max_tokens = cr.max_tokens;
+  if (max_tokens == 0) max_tokens = chat ? room : std::min<int64_t>(16, room);
+  if (max_tokens < 1 || n + max_tokens > context_length_)
+    return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
+                                       "{} completion tokens = {}",
+                                       context_length_, n, max_tokens, n + max_tokens),
+                           cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
+  if (n + max_tokens > kv_capacity_tokens_)
+    return invalid_request(fmt::format("the server's KV cache holds {} tokens; the request needs {} prompt + {} "
+                                       "completion tokens = {}",
+                                       kv_capacity_tokens_, n, max_tokens, n + max_tokens),
+                           cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
+  r->max_tokens = int32_t(max_tokens);
+  r->sampling = cr.sampling;
+  if (!cr.seed_given) {
+    std::lock_guard<std::mutex> lock(seed_mutex_);
+    r->sampling.seed = seeds_();
+  }
+  r->stop = cr.stop;
+  r->stop_at_eos = !cr.ignore_eos;
+  return std::nullopt;
+}
+
+void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  if (!begin_response()) {
+    send_error(res, shutting_down());
+    return;
+  }
+  // Until a stream's releaser takes it over, this handler ends the response.
+  bool handed_over = false;
+  struct EndGuard {
+    HttpServer* server;
+    bool* handed_over;
+    ~EndGuard() {
+      if (!*handed_over) server->end_response();
+    }
+  } guard{this, &handed_over};
+
+  const AuthResult auth = keys_.authenticate(req.get_header_value("Authorization"), options_.require_api_key);
+  if (auth.status != AuthResult::Status::Ok) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    send_error(res, error_of(401,
+                             auth.status == AuthResult::Status::Missing
+                                 ? "this server requires an API key (Authorization: Bearer KEY)"
+                                 : "the API key is not valid",
+                             "invalid_request_error", "invalid_api_key"));
+    return;
+  }
+  auto parsed = parse_completion_request(req.body, endpoint);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
+    send_error(res, *e);
+    return;
+  }
+  const CompletionRequest& cr = std::get<CompletionRequest>(parsed);
+  if (cr.model != model_name_) {
+    send_error(res, invalid_request(fmt::format("model '{}' is not served here; this server serves '{}' (GET /v1/models)",
+                                                cr.model, model_name_),
+                                    "model", "model_not_found"));
+    return;
+  }
+  if (auto e = check_kv_request(cr.kv, kv_limits_)) {
+    send_error(res, *e);
+    return;
+  }
+  Request r;
+  if (auto e = prepare(cr, &r)) {
+    send_error(res, *e);
+    return;
+  }
+  r.tenant = auth.tenant;
+
+  auto c = std::make_shared<Completion>();
+  c->endpoint = endpoint;
+  c->include_usage = cr.include_usage;
+  c->meta.created = unix_seconds();
+  c->meta.model = model_name_;
+  const uint64_t ticket = begin_request();
+  r.on_event = [events = c->events, this, ticket](const RequestEvent& e) {
+    events->push(e);
+    if (e.finish != FinishReason::None) end_request(ticket);
+  };
+  const SubmitResult s = engine_.submit(std::move(r));
+  if (s.status != SubmitResult::Status::Accepted) {
+    end_request(ticket);
+    if (s.status == SubmitResult::Status::Invalid) {
+      send_error(res, invalid_request(s.error));
+    } else {
+      bool draining;
+      {
+        std::lock_guard<std::mutex> lock(state_mutex_);
+        draining = draining_;
+      }
+      if (draining) {
+        send_error(res, shutting_down());
+      } else {
+        res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+        send_error(res, error_of(429, "the server is at capacity (" + s.error + "); retry later", "rate_limit_error",
+                                 "queue_full"));
+      }
+    }
+    return;
+  }
+  set_request_id(ticket, s.id);
+  c->id = s.id;
+  c->meta.id = fmt::format("{}-{}{:x}", endpoint == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_prefix_, s.id);
+  c->probe = ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port);
+  if (cr.stream) {
+    respond_stream(res, c);
+    handed_over = true;
+  } else {
+    respond_whole(res, c);
+  }
+}
+
+void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completion> c) {
+  std::string text;
+  RequestEvent last;
+  std::vector<RequestEvent> events;
+  while (!c->finished) {
+    if (c->probe.closed()) {
+      // Nobody is left to answer: free the sequence. 499 (nginx's "client
+      // closed request") is what the metrics record.
+      engine_.cancel(c->id);
+      res.status = 499;
+      return;
+    }
+    events.clear();
+    if (!c->events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) continue;
+    for (RequestEvent& e : events) {
+      text += c->utf8.push(e.text);
+      if (e.finish != FinishReason::None) {
+        last = std::move(e);
+        c->finished = true;
+      }
+    }
+  }
+  text += c->utf8.finish();
+  if (last.finish != FinishReason::Stop && last.finish != FinishReason::Length) {
+    send_error(res, finish_error(last));
+    return;
+  }
+  send_json(res, 200, completion_response(c->endpoint, c->meta, text, client_finish_reason(last.finish), last.usage));
+}
+
+bool HttpServer::stream_step(Completion& c, std::string* out) {
+  std::vector<RequestEvent> events;
+  if (!c.events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) return false;
+  const bool usage_null = c.include_usage;
+  for (const RequestEvent& e : events) {
+    std::string text = c.utf8.push(e.text);
+    if (e.finish == FinishReason::None) {
+      if (!text.empty()) *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null));
+      continue;
+    }
+    text += c.utf8.finish();
+    c.finished = true;
+    if (!text.empty()) *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null));
+    if (e.finish == FinishReason::Stop || e.finish == FinishReason::Length) {
+      *out += sse_event(completion_chunk(c.endpoint, c.meta, "", client_finish_reason(e.finish), false, usage_null));
+      if (c.include_usage) *out += sse_event(usage_chunk(c.endpoint, c.meta, e.usage));
+    } else {
+      *out += sse_event(error_json(finish_error(e)));
+    }
+    *out += kSseDone;
+  }
+  return true;
+}
+
+void HttpServer::respond_stream(httplib::Response& res, std::shared_ptr<Completion> c) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, c](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (!c->started) {
+          c->started = true;
+          // Chat's first chunk names the role, at once (clients see the stream open).
+          if (c->endpoint == Endpoint::ChatCompletions)
+            out = sse_event(completion_chunk(c->endpoint, c->meta, "", {}, true, c->include_usage));
+        } else if (c->probe.closed()) {
+          return false;  // the releaser cancels the request
+        } else if (!stream_step(*c, &out) &&
+                   SteadyTime::now() - c->last_write > std::chrono::milliseconds(options_.heartbeat_ms)) {
+          out = ": keep-alive\n\n";
+        }
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) return false;
+          c->last_write = SteadyTime::now();
+        }
+        if (c->finished) sink.done();
+        return true;
+      },
+      [this, c](bool) {
+        if (!c->finished) engine_.cancel(c->id);
+        end_response();
+      });
+}
+
+}  // namespace kvserve

@@ -1,0 +1,144 @@
+// The OpenAI-compatible HTTP server around an Engine.
+//
+//   POST /v1/completions, POST /v1/chat/completions   (stream true: server-sent events)
+//   GET  /v1/models, /v1/models/{id}, /health, /metrics
+//
+// Each completion request is parsed and validated (openai_protocol,
+// kv_request), turned into prompt tokens (the tokenizer, or the chat
+// template), and submitted to the engine. The engine's events reach the HTTP
+// thread serving the request through an EventQueue; a streaming response is a
+// chunked content provider that writes one SSE chunk per event. A client that
+// goes away (a failed write, or end-of-file seen by the ConnectionProbe while
+// waiting) cancels its request, so its KV blocks return to the pool.
+//
+// Status codes: 400 for every client mistake (OpenAI error object), 401 bad or
+// missing API key, 404 unknown route or model id, 405 wrong method, 413 body
+// too large, 429 waiting queue full (with Retry-After), 503 while shutting
+// down; 500 only for failures inside the engine.
+//
+// Shutdown (shutdown()): new completion requests get 503 and /health reports
+// "draining"; running requests finish until the drain deadline, then those
+// left are cancelled (a stream ends with an error event, a non-streamed
+// request gets 503); when every response is written, the listener stops and
+// idle keep-alive connections are closed.
+//
+// Thread safety: start() once; shutdown() from any thread, once or more.
+// REQUIRES: the engine runs (Engine::start, or someone stepping it) until
+// shutdown() returns, and outlives the server.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "engine/engine.h"
+#include "server/api_keys.h"
+#include "server/chat_template.h"
+#include "server/kv_request.h"
+#include "server/metrics.h"
+#include "server/openai_protocol.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace kvserve {
+
+class ConnectionThreads;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                      // 0 = any free port (start() returns it)
+  std::string served_model_name;        // empty = the model file's name without its extension
+  std::string chat_template;            // chat format name; empty = from the GGUF, else plain
+  bool require_api_key = false;         // with keys loaded: a request without a key gets 401
+  int http_threads = 0;                 // connection threads (a streaming request holds one;
+                                        // keep-alive only while one is free);
+                                        // 0 = max_num_seqs + max_waiting + 16
+  int retry_after_seconds = 1;          // Retry-After of a 429
+  int poll_interval_ms = 50;            // how often a handler waiting for tokens checks its client
+  int heartbeat_ms = 5000;              // an SSE comment after this long without output
+  int keep_alive_timeout_seconds = 5;   // idle keep-alive connections close after this
+  int listen_backlog = 1024;            // pending connections the kernel queues
+  size_t max_body_bytes = 16u << 20;    // larger request bodies get 413
+};
+
+class HttpServer {
+ public:
+  // `engine_options` are the ones the engine was built with (for the default
+  // thread count). Throws kvserve::Error for a bad chat template name.
+  HttpServer(Engine& engine, const EngineOptions& engine_options, ApiKeys keys, HttpServerOptions options);
+  ~HttpServer();  // shutdown(0) when still serving
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and serves on background threads; returns the port. Throws
+  // kvserve::Error when the address cannot be bound.
+  int start();
+  // Drains for up to drain_seconds, cancels what is left, stops listening.
+  void shutdown(double drain_seconds);
+
+  const std::string& model_name() const { return model_name_; }
+  // Null when the model has no vocabulary (then only token-id prompts work).
+  const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }
+  std::string metrics_text() const;
+
+ private:
+  struct Completion;
+
+  void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Prompt tokens and max_tokens of a parsed request, or the 400.
+  std::optional<ApiError> prepare(const CompletionRequest& cr, Request* out) const;
+  void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
+  void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c);
+  bool stream_step(Completion& c, std::string* out);  // true when the last event was written into *out
+
+  // Bookkeeping for a graceful shutdown.
+  bool begin_response();                              // false while draining
+  void end_response();
+  uint64_t begin_request();                           // a ticket for one submitted request
+  void set_request_id(uint64_t ticket, RequestId id);
+  void end_request(uint64_t ticket);
+
+  Engine& engine_;
+  ApiKeys keys_;
+  HttpServerOptions options_;
+  std::string model_name_;
+  int32_t context_length_ = 0;
+  int64_t kv_capacity_tokens_ = 0;
+  const Tokenizer* tokenizer_ = nullptr;
+  std::optional<ChatTemplate> chat_template_;
+  KvRequestLimits kv_limits_;
+  std::string id_prefix_;                 // random per server run, so response ids do not repeat
+  int64_t created_ = 0;                   // Unix seconds at start-up
+  std::chrono::steady_clock::time_point started_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  int port_ = 0;                          // the bound port, once started
+  // httplib's connection threads (httplib owns them); set when listening starts.
+  std::atomic<const ConnectionThreads*> connection_threads_{nullptr};
+  ResponseCounter responses_;
+
+  mutable std::mutex seed_mutex_;         // guards seeds_
+  mutable std::mt19937_64 seeds_;         // sampling seeds for requests that give none
+
+  mutable std::mutex state_mutex_;        // guards draining_, active_responses_, in_flight_, next_ticket_
+  std::condition_variable state_cv_;
+  bool draining_ = false;
+  int64_t active_responses_ = 0;          // completion responses not yet fully written
+  std::map<uint64_t, RequestId> in_flight_;  // ticket -> engine id (0 until known), until the final event
+  uint64_t next_ticket_ = 1;
+
+  std::mutex shutdown_mutex_;             // serializes shutdown()
+};
+
+}  // namespace kvserve

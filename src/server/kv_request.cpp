@@ -1,0 +1,80 @@
+#include "server/kv_request.h"
+
+#include <fmt/format.h>
+
+#include "kv/kv_codec.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+// The 400 for one of "k"/"v"; nullopt when `asked` is empty or the server's type.
+std::optional<ApiError> check_type(const std::string& asked, const char* which, KvDType server,
+                                   const KvRequestLimits& limits) {
+  if (asked.empty()) return std::nullopt;
+  const std::string param = fmt::format("kv.{}", which);
+  KvDType t;
+  try {
+    t = parse_kv_dtype(asked);
+  } catch (const Error& e) {
+    return invalid_request(e.what(), param, "invalid_value");
+  }
+  if (limits.uniform && t == server) return std::nullopt;
+  return invalid_request(
+      fmt::format("this server's KV cache is {} ({}: {}); requests cannot choose another KV type: send '{}' or "
+                  "omit '{}'",
+                  limits.description, which == std::string("k") ? "keys" : "values",
+                  limits.uniform ? std::string(kv_dtype_name(server)) : "mixed per layer", kv_dtype_name(server),
+                  param),
+      param, "unsupported_kv_config");
+}
+
+}  // namespace
+
+std::string kv_codec_description(const KvCache& cache) {
+  auto layer = [&](int l) {
+    const std::string k = cache.k_codec(l).config().describe(), v = cache.v_codec(l).config().describe();
+    return k == v ? k : "K " + k + " V " + v;
+  };
+  std::string out = layer(0);
+  bool uniform = true;
+  for (int l = 1; l < cache.n_layers(); ++l) uniform = uniform && layer(l) == out;
+  if (uniform) return out;
+  out.clear();
+  for (int l = 0; l < cache.n_layers(); ++l) out += (l ? ", " : "") + std::to_string(l) + ":" + layer(l);
+  return out;
+}
+
+KvRequestLimits kv_request_limits(const KvCache& cache) {
+  KvRequestLimits l;
+  l.k = cache.k_codec(0).config().dtype;
+  l.v = cache.v_codec(0).config().dtype;
+  for (int i = 1; i < cache.n_layers(); ++i)
+    l.uniform = l.uniform && cache.k_codec(i).config().dtype == l.k && cache.v_codec(i).config().dtype == l.v;
+  l.description = kv_codec_description(cache);
+  return l;
+}
+
+std::optional<ApiError> check_kv_request(const KvRequest& kv, const KvRequestLimits& limits) {
+  if (auto e = check_type(kv.k, "k", limits.k, limits)) return e;
+  if (auto e = check_type(kv.v, "v", limits.v, limits)) return e;
+  if (kv.sparsity_requested()) {
+    const std::string param = kv.policy.empty() ? "kv.budget" : "kv.policy";
+    if (limits.policies.empty())
+      return invalid_request("this server offers no KV sparsity policies yet ('kv.policy', 'kv.budget'); omit them",
+                             param, "unsupported_kv_config");
+    if (kv.policy.empty()) return invalid_request("'kv.budget' needs a 'kv.policy'", "kv.budget");
+    bool known = false;
+    std::string names;
+    for (const std::string& p : limits.policies) {
+      known = known || p == kv.policy;
+      names += (names.empty() ? "" : ", ") + p;
+    }
+    if (!known)
+      return invalid_request(fmt::format("unknown KV policy '{}' (this server offers: {})", kv.policy, names),
+                             "kv.policy", "unsupported_kv_config");
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvserve

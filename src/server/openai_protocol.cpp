@@ -1,0 +1,401 @@
+#include "server/openai_protocol.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+// Thrown inside the parser only; parse_completion_request turns it into a value.
+struct Rejected {
+  ApiError error;
+};
+
+[[noreturn]] void reject(std::string message, std::string param, std::string code = "invalid_value") {
+  throw Rejected{invalid_request(std::move(message), std::move(param), std::move(code))};
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
+  reject(what + " is not supported by kvserve", param, "unsupported_parameter");
+}
+
+std::string_view type_name(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "an unknown type";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, std::string_view expected, const json& got) {
+  reject(fmt::format("'{}' must be {} (got {})", param, expected, type_name(got)), param, "invalid_type");
+}
+
+// The field, or nullptr when it is absent or null (OpenAI treats both as "not given").
+const json* field(const json& obj, const char* name) {
+  const auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool read_bool(const json& obj, const char* name, bool fallback) {
+  const json* f = field(obj, name);
+  if (!f) return fallback;
+  if (!f->is_boolean()) wrong_type(name, "a boolean", *f);
+  return f->get<bool>();
+}
+
+std::string read_string(const json& obj, const char* name, const std::string& param) {
+  const json* f = field(obj, name);
+  if (!f) return {};
+  if (!f->is_string()) wrong_type(param, "a string", *f);
+  return f->get<std::string>();
+}
+
+double read_number(const json& obj, const char* name, double fallback) {
+  const json* f = field(obj, name);
+  if (!f) return fallback;
+  if (!f->is_number()) wrong_type(name, "a number", *f);
+  return f->get<double>();
+}
+
+// An integer; an integral float (16.0) is accepted, 16.5 is not.
+int64_t as_integer(const json& v, const std::string& param) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) reject(fmt::format("'{}' is too large", param), param);
+    return int64_t(u);
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return int64_t(d);
+  }
+  wrong_type(param, "an integer", v);
+}
+
+// A bounded int32 field; `fallback` when absent.
+int32_t read_int(const json& obj, const char* name, int64_t lo, int64_t hi, int32_t fallback) {
+  const json* f = field(obj, name);
+  if (!f) return fallback;
+  const int64_t v = as_integer(*f, name);
+  if (v < lo || v > hi) reject(fmt::format("'{}' must be between {} and {} (got {})", name, lo, hi, v), name);
+  return int32_t(v);
+}
+
+int32_t token_id(const json& v, const std::string& param) {
+  const int64_t t = as_integer(v, param);
+  if (t < 0 || t > std::numeric_limits<int32_t>::max()) reject(fmt::format("token id {} is out of range", t), param);
+  return int32_t(t);
+}
+
+void parse_prompt(const json& body, CompletionRequest& r) {
+  const json* p = field(body, "prompt");
+  if (!p) reject("'prompt' is required", "prompt", "missing_required_parameter");
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+    return;
+  }
+  if (!p->is_array()) wrong_type("prompt", "a string or an array of token ids", *p);
+  if (p->empty()) reject("'prompt' must not be empty", "prompt");
+  const json* tokens = p;
+  if ((*p)[0].is_string() || (*p)[0].is_array()) {
+    // A batch of prompts: kvserve serves one prompt per request.
+    if (p->size() != 1) unsupported("prompt", "more than one prompt per request");
+    if ((*p)[0].is_string()) {
+      r.prompt_text = (*p)[0].get<std::string>();
+      return;
+    }
+    tokens = &(*p)[0];
+    if (tokens->empty()) reject("'prompt' must not be empty", "prompt");
+  }
+  r.prompt_is_tokens = true;
+  r.prompt_tokens.reserve(tokens->size());
+  for (const json& t : *tokens) r.prompt_tokens.push_back(token_id(t, "prompt"));
+}
+
+std::string message_content(const json& m, const std::string& role, size_t index) {
+  const std::string param = fmt::format("messages[{}].content", index);
+  const json* c = field(m, "content");
+  if (!c) {
+    if (role == "assistant") return {};
+    reject(fmt::format("'{}' is required", param), param, "missing_required_parameter");
+  }
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) wrong_type(param, "a string or an array of content parts", *c);
+  std::string text;
+  for (const json& part : *c) {
+    if (!part.is_object()) wrong_type(param, "an array of content parts", part);
+    const std::string type = read_string(part, "type", param + ".type");
+    if (type != "text") unsupported(param, fmt::format("content of type '{}'", type));
+    const json* t = field(part, "text");
+    if (!t || !t->is_string()) reject(fmt::format("a text part of '{}' needs a string 'text'", param), param);
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+void parse_messages(const json& body, CompletionRequest& r) {
+  const json* ms = field(body, "messages");
+  if (!ms) reject("'messages' is required", "messages", "missing_required_parameter");
+  if (!ms->is_array()) wrong_type("messages", "an array", *ms);
+  if (ms->empty()) reject("'messages' must not be empty", "messages");
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json& m = (*ms)[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) wrong_type(param, "an object", m);
+    std::string role = read_string(m, "role", param + ".role");
+    if (role.empty()) reject(fmt::format("'{}.role' is required", param), param + ".role", "missing_required_parameter");
+    if (role == "developer") role = "system";
+    if (role == "tool" || role == "function") unsupported(param + ".role", "the '" + role + "' role");
+    if (role != "system" && role != "user" && role != "assistant")
+      reject(fmt::format("'{}.role' must be system, user or assistant (got '{}')", param, role), param + ".role");
+    if (field(m, "tool_calls")) unsupported(param + ".tool_calls", "tool calling");
+    r.messages.push_back({role, message_content(m, role, i)});
+  }
+}
+
+void parse_stop(const json& body, CompletionRequest& r) {
+  const json* s = field(body, "stop");
+  if (!s) return;
+  if (s->is_string()) {
+    r.stop.push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    if (s->size() > kMaxStopStrings) reject(fmt::format("'stop' holds at most {} strings", kMaxStopStrings), "stop");
+    for (const json& x : *s) {
+      if (!x.is_string()) wrong_type("stop", "a string or an array of strings", x);
+      r.stop.push_back(x.get<std::string>());
+    }
+  } else {
+    wrong_type("stop", "a string or an array of strings", *s);
+  }
+  for (const std::string& x : r.stop)
+    if (x.empty()) reject("stop strings must not be empty", "stop");
+}
+
+void parse_kv(const json& body, KvRequest& kv) {
+  const json* k = field(body, "kv");
+  if (!k) return;
+  if (!k->is_object()) wrong_type("kv", "an object", *k);
+  for (const auto& [key, value] : k->items())
+    if (key != "k" && key != "v" && key != "policy" && key != "budget")
+      reject(fmt::format("unknown field 'kv.{}' (known: k, v, policy, budget)", key), "kv." + key, "unknown_parameter");
+  kv.k = read_string(*k, "k", "kv.k");
+  kv.v = read_string(*k, "v", "kv.v");
+  kv.policy = read_string(*k, "policy", "kv.policy");
+  if (const json* b = field(*k, "budget")) {
+    const int64_t v = as_integer(*b, "kv.budget");
+    if (v < 1 || v > std::numeric_limits<int32_t>::max())
+      reject(fmt::format("'kv.budget' must be a positive number of tokens (got {})", v), "kv.budget");
+    kv.budget = int32_t(v);
+  }
+}
+
+// Known OpenAI fields whose non-default values ask for behaviour kvserve lacks.
+void refuse_unsupported(const json& body) {
+  if (read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), 1) != 1) unsupported("n", "n other than 1");
+  if (read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), 1) != 1)
+    unsupported("best_of", "best_of other than 1");
+  if (read_bool(body, "echo", false)) unsupported("echo", "echo");
+  if (const json* l = field(body, "logprobs")) {
+    if (!l->is_boolean() && !l->is_number()) wrong_type("logprobs", "a boolean or an integer", *l);
+    if (!l->is_boolean() || l->get<bool>()) unsupported("logprobs", "logprobs");
+  }
+  if (const json* t = field(body, "top_logprobs"); t && !(t->is_number() && t->get<double>() == 0))
+    unsupported("top_logprobs", "top_logprobs");
+  if (!read_string(body, "suffix", "suffix").empty()) unsupported("suffix", "suffix");
+  if (const json* b = field(body, "logit_bias")) {
+    if (!b->is_object()) wrong_type("logit_bias", "an object", *b);
+    if (!b->empty()) unsupported("logit_bias", "logit_bias");
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    const double p = read_number(body, penalty, 0);
+    if (p < -2 || p > 2) reject(fmt::format("'{}' must be between -2 and 2", penalty), penalty);
+    if (p != 0) unsupported(penalty, penalty);
+  }
+  for (const char* tools : {"tools", "functions"})
+    if (const json* t = field(body, tools); t && !(t->is_array() && t->empty())) unsupported(tools, "tool calling");
+  for (const char* choice : {"tool_choice", "function_call"})
+    if (const json* t = field(body, choice); t && !(t->is_string() && t->get<std::string>() == "none"))
+      unsupported(choice, "tool calling");
+  if (const json* f = field(body, "response_format")) {
+    if (!f->is_object()) wrong_type("response_format", "an object", *f);
+    if (read_string(*f, "type", "response_format.type") != "text")
+      unsupported("response_format", "a response format other than text");
+  }
+}
+
+CompletionRequest parse(std::string_view text, Endpoint endpoint) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    reject(fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
+  }
+  if (!body.is_object()) reject(fmt::format("the request body must be a JSON object (got {})", type_name(body)), {},
+                                "invalid_json");
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  const json* model = field(body, "model");
+  if (!model) reject("'model' is required (see GET /v1/models)", "model", "missing_required_parameter");
+  if (!model->is_string()) wrong_type("model", "a string", *model);
+  r.model = model->get<std::string>();
+  if (endpoint == Endpoint::Completions) {
+    parse_prompt(body, r);
+  } else {
+    parse_messages(body, r);
+  }
+
+  const int32_t kMax = std::numeric_limits<int32_t>::max();
+  r.max_tokens = read_int(body, "max_tokens", 1, kMax, 0);
+  if (endpoint == Endpoint::ChatCompletions) {
+    const int32_t mct = read_int(body, "max_completion_tokens", 1, kMax, 0);
+    if (mct != 0 && r.max_tokens != 0 && mct != r.max_tokens)
+      reject("'max_tokens' and 'max_completion_tokens' disagree; send one of them", "max_completion_tokens");
+    if (mct != 0) r.max_tokens = mct;
+  }
+
+  r.sampling.temperature = float(read_number(body, "temperature", 1.0));
+  if (!(r.sampling.temperature >= 0 && r.sampling.temperature <= 2))
+    reject("'temperature' must be between 0 and 2", "temperature");
+  r.sampling.top_p = float(read_number(body, "top_p", 1.0));
+  if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) reject("'top_p' must be in (0, 1]", "top_p");
+  // top_k: -1 (vLLM's "off") and 0 both keep every token.
+  r.sampling.top_k = std::max(0, read_int(body, "top_k", -1, kMax, 0));
+  if (const json* s = field(body, "seed")) {
+    if (s->is_number_unsigned()) {
+      r.sampling.seed = s->get<uint64_t>();
+    } else {
+      r.sampling.seed = uint64_t(as_integer(*s, "seed"));
+    }
+    r.seed_given = true;
+  }
+  parse_stop(body, r);
+
+  r.stream = read_bool(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!r.stream) reject("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    r.include_usage = read_bool(*so, "include_usage", false);
+  }
+  r.ignore_eos = read_bool(body, "ignore_eos", false);
+  if (const json* u = field(body, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
+  parse_kv(body, r.kv);
+  refuse_unsupported(body);
+  return r;
+}
+
+json choice_base(std::string_view finish_reason) {
+  json c = {{"index", 0}, {"logprobs", nullptr}};
+  c["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(std::string(finish_reason));
+  return c;
+}
+
+}  // namespace
+
+ApiError invalid_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+json error_json(const ApiError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
+  try {
+    return parse(body, endpoint);
+  } catch (const Rejected& r) {
+    return r.error;
+  }
+}
+
+std::string_view client_finish_reason(FinishReason r) {
+  return r == FinishReason::Length ? "length" : "stop";
+}
+
+json usage_json(const RequestUsage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                         std::string_view finish_reason, const RequestUsage& usage) {
+  json choice = choice_base(finish_reason);
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  return {{"id", meta.id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(usage)}};
+}
+
+json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                      std::string_view finish_reason, bool with_role, bool usage_null) {
+  json choice = choice_base(finish_reason);
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+  if (chat) {
+    json delta = json::object();
+    if (with_role) delta["role"] = "assistant";
+    if (with_role || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json j = {{"id", meta.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"choices", json::array({choice})}};
+  if (usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const RequestUsage& usage) {
+  return {{"id", meta.id},
+          {"object", endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array()},
+          {"usage", usage_json(usage)}};
+}
+
+json model_json(const std::string& name, int64_t created, int32_t max_model_len, int32_t vocab_size) {
+  return {{"id", name},           {"object", "model"},       {"created", created},
+          {"owned_by", "kvserve"}, {"max_model_len", max_model_len}, {"vocab_size", vocab_size}};
+}
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& j) {
+  return "data: " + dump_json(j) + "\n\n";
+}
+
+}  // namespace kvserve

@@ -1,0 +1,111 @@
+// The OpenAI wire format: completion and chat-completion request bodies parsed
+// and validated into CompletionRequest, and the JSON kvserve sends back
+// (responses, streamed chunks, usage, model lists, error objects).
+//
+// Parsing checks only what the body alone decides (JSON syntax, field types,
+// ranges, features kvserve does not implement); what depends on the served
+// model (its name, context length, KV configuration, vocabulary) is checked by
+// the server. Unknown fields are ignored, as OpenAI-compatible servers do, but
+// known fields asking for unimplemented behaviour (n > 1, logprobs, penalties,
+// tools, echo...) are refused rather than silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "server/chat_template.h"
+
+namespace kvserve {
+
+// An error as the client sees it: the HTTP status and OpenAI's error object
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field; empty = null
+  std::string code;   // machine-readable reason; empty = null
+};
+[[nodiscard]] ApiError invalid_request(std::string message, std::string param = {}, std::string code = {});
+[[nodiscard]] nlohmann::json error_json(const ApiError& e);
+
+enum class Endpoint : uint8_t { Completions, ChatCompletions };
+
+// The kvserve extension "kv": {...}: per-request KV options, checked by the
+// server against what it allows (kv_request.h).
+struct KvRequest {
+  std::string k;        // key storage type asked for ("int4"); empty = the server's
+  std::string v;        // value storage type; empty = the server's
+  std::string policy;   // sparsity policy name; empty = none
+  int32_t budget = 0;   // tokens the policy keeps; 0 = not given
+
+  bool sparsity_requested() const { return !policy.empty() || budget != 0; }
+};
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::string model;
+  // Completions: a text prompt, or token ids when prompt_is_tokens.
+  std::string prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  bool prompt_is_tokens = false;
+  std::vector<ChatMessage> messages;      // chat; "developer" is read as system, text parts joined
+  int32_t max_tokens = 0;                 // 0 = not given: the endpoint's default applies
+  SamplerOptions sampling;                // OpenAI's defaults: temperature 1, top_p 1; top_k 0 (all)
+  bool seed_given = false;                // sampling.seed came from the client
+  std::vector<std::string> stop;          // stop strings, each non-empty
+  bool stream = false;
+  bool include_usage = false;             // stream_options.include_usage
+  bool ignore_eos = false;                // extension (vLLM's name): keep generating past EOS
+  KvRequest kv;
+};
+
+inline constexpr size_t kMaxStopStrings = 16;
+
+// Parses a request body for `endpoint`. Returns the request or the 400 to send.
+[[nodiscard]] std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                               Endpoint endpoint);
+
+// What every response object of one request shares.
+struct ResponseMeta {
+  std::string id;        // "cmpl-…" or "chatcmpl-…"
+  int64_t created = 0;   // Unix seconds
+  std::string model;     // the served model name
+};
+
+// The finish_reason a client sees: "stop" or "length" (others never reach a
+// successful response).
+[[nodiscard]] std::string_view client_finish_reason(FinishReason r);
+
+// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}}
+[[nodiscard]] nlohmann::json usage_json(const RequestUsage& u);
+// A whole non-streamed response ("text_completion" or "chat.completion").
+[[nodiscard]] nlohmann::json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                                                 std::string_view finish_reason, const RequestUsage& usage);
+// One streamed chunk. finish_reason empty = null. with_role: chat's first chunk
+// names the assistant role. usage_null: with stream_options.include_usage every
+// chunk but the last carries "usage": null, as OpenAI's do.
+[[nodiscard]] nlohmann::json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                                              std::string_view finish_reason, bool with_role, bool usage_null);
+// The last chunk with stream_options.include_usage: no choices, the usage.
+[[nodiscard]] nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const RequestUsage& usage);
+
+// One model in GET /v1/models, with vLLM's "max_model_len" and kvserve's
+// "vocab_size" (load generators need both).
+[[nodiscard]] nlohmann::json model_json(const std::string& name, int64_t created, int32_t max_model_len,
+                                        int32_t vocab_size);
+
+// Serializes JSON; invalid UTF-8 in strings becomes U+FFFD instead of throwing.
+[[nodiscard]] std::string dump_json(const nlohmann::json& j);
+// One server-sent event carrying j: "data: {...}\n\n".
+[[nodiscard]] std::string sse_event(const nlohmann::json& j);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace kvserve

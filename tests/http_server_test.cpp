@@ -1,0 +1,704 @@
+// The HTTP server on the real model, over real loopback HTTP: outputs at
+// temperature 0 equal `kvserve generate` (the llama2.c reference) and the
+// engine's greedy outputs, streamed or not, for completions and chat; every
+// client mistake gets its OpenAI-style 400/401/404/405; a full queue gets 429
+// with Retry-After and no request is lost; a client that disconnects cancels
+// its sequence and the blocks come back; shutdown drains, then cancels.
+//
+// Tests that need exact timing drive the engine by hand (Engine::step from a
+// stepper the test can pause), so they do not depend on the machine's speed.
+#include "server/http_server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <future>
+#include <latch>
+#include <thread>
+
+#include "engine/generator.h"
+#include "test_support.h"
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+using testing_files::kStoriesGguf;
+
+const std::string kReference = KVSERVE_SHARED_DIR "/data/reference/stories260K_greedy_once_upon_a_time_256.txt";
+
+// What one HTTP exchange returned; for streams, the parsed SSE data lines.
+struct Reply {
+  int status = 0;
+  json body;                     // non-streamed JSON body
+  std::vector<json> chunks;      // streamed "data: {...}" objects
+  bool done = false;             // "data: [DONE]" seen last
+  std::string retry_after;
+  std::string content_encoding;
+  std::string raw;
+};
+
+// Splits a server-sent-event body into its data objects.
+void parse_sse(Reply& r) {
+  size_t pos = 0;
+  while (pos < r.raw.size()) {
+    const size_t end = r.raw.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    const std::string event = r.raw.substr(pos, end - pos);
+    pos = end + 2;
+    if (event.rfind(":", 0) == 0) continue;  // comment (keep-alive)
+    ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
+    EXPECT_FALSE(r.done) << "data after [DONE]";
+    const std::string data = event.substr(6);
+    if (data == "[DONE]") {
+      r.done = true;
+    } else {
+      r.chunks.push_back(json::parse(data));
+    }
+  }
+  EXPECT_EQ(pos, r.raw.size()) << "incomplete event at the end";
+}
+
+// The text of a stream's chunks (completions or chat deltas).
+std::string stream_text(const Reply& r) {
+  std::string text;
+  for (const json& c : r.chunks) {
+    if (!c.contains("choices") || c["choices"].empty()) continue;
+    const json& ch = c["choices"][0];
+    if (ch.contains("text")) text += ch["text"].get<std::string>();
+    if (ch.contains("delta") && ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+  }
+  return text;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::load(kStoriesGguf).release(); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  // An engine (free-running, or stepped by hand when manual) and a server on a free port.
+  void start(EngineOptions eo = {}, HttpServerOptions ho = {}, ApiKeys keys = {}, bool manual = false) {
+    eo.threads = 1;
+    if (eo.kv.num_blocks == 0) eo.kv.num_blocks = 512;
+    engine_options_ = eo;
+    engine_ = std::make_unique<Engine>(*model_, eo);
+    ho.port = 0;
+    ho.poll_interval_ms = 10;
+    server_ = std::make_unique<HttpServer>(*engine_, eo, std::move(keys), ho);
+    manual_ = manual;
+    if (manual) {
+      paused_ = true;
+      stepper_ = std::thread([this] {
+        while (!stop_stepper_) {
+          bool worked = false;
+          if (!paused_) {
+            std::lock_guard<std::mutex> lock(step_mutex_);
+            worked = engine_->step();
+          }
+          if (!worked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      });
+    } else {
+      engine_->start();
+    }
+    port_ = server_->start();
+  }
+
+  void TearDown() override {
+    if (!server_) return;
+    paused_ = false;  // shutdown needs the engine to run
+    server_->shutdown(0);
+    if (manual_) {
+      stop_stepper_ = true;
+      stepper_.join();
+    } else {
+      engine_->shutdown(false);
+    }
+  }
+
+  // One engine step while the stepper is paused.
+  bool step() {
+    std::lock_guard<std::mutex> lock(step_mutex_);
+    return engine_->step();
+  }
+  // Steps (paused stepper) until pred() holds; false after ~10 s.
+  template <class Pred>
+  bool step_until(Pred pred) {
+    for (int i = 0; i < 2000; ++i) {
+      if (pred()) return true;
+      step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return pred();
+  }
+
+  // The engine publishes its stats after the step whose events completed the
+  // responses, so a client may see a response first: wait for `pred`.
+  template <class Pred>
+  EngineStats stats_when(Pred pred) const {
+    for (int i = 0; i < 500 && !pred(engine_->stats()); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EngineStats s = engine_->stats();
+    EXPECT_TRUE(pred(s)) << "the engine's stats never settled";
+    return s;
+  }
+
+  httplib::Client client(int read_timeout_s = 30) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(read_timeout_s, 0);
+    return c;
+  }
+
+  // POST with the body streamed into Reply::raw; stream replies are parsed as SSE.
+  // stop_after_chunks > 0: the client hangs up after that many data events.
+  Reply post(const std::string& path, const json& body, const httplib::Headers& headers = {},
+             int stop_after_chunks = 0, int read_timeout_s = 30) const {
+    return post_raw(path, body.dump(), headers, stop_after_chunks, read_timeout_s);
+  }
+  Reply post_raw(const std::string& path, const std::string& body, const httplib::Headers& headers = {},
+                 int stop_after_chunks = 0, int read_timeout_s = 30) const {
+    httplib::Client c = client(read_timeout_s);
+    Reply r;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.headers = headers;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string content_type;
+    req.response_handler = [&](const httplib::Response& res) {
+      r.status = res.status;
+      r.retry_after = res.get_header_value("Retry-After");
+      r.content_encoding = res.get_header_value("Content-Encoding");
+      content_type = res.get_header_value("Content-Type");
+      return true;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      r.raw.append(data, n);
+      if (stop_after_chunks > 0) {
+        size_t events = 0;
+        for (size_t p = r.raw.find("data: "); p != std::string::npos; p = r.raw.find("data: ", p + 1)) ++events;
+        if (int(events) >= stop_after_chunks) return false;
+      }
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    c.send(req, res, err);
+    if (stop_after_chunks > 0 || err == httplib::Error::Read) return r;  // hung up, or timed out
+    EXPECT_EQ(err, httplib::Error::Success) << httplib::to_string(err);
+    if (content_type.rfind("text/event-stream", 0) == 0) {
+      parse_sse(r);
+    } else if (!r.raw.empty()) {
+      r.body = json::parse(r.raw);
+    }
+    return r;
+  }
+
+  Reply get(const std::string& path) const {
+    httplib::Client c = client();
+    auto res = c.Get(path);
+    Reply r;
+    if (!res) return r;
+    r.status = res->status;
+    r.raw = res->body;
+    if (res->get_header_value("Content-Type") == "application/json") r.body = json::parse(res->body);
+    return r;
+  }
+
+  // Greedy text and token count generate() produces for `prompt` and max_tokens new tokens.
+  std::pair<std::string, int32_t> greedy(const std::vector<int32_t>& prompt, int32_t max_tokens) const {
+    ThreadPool pool(1);
+    KvCacheOptions o;
+    KvCache cache(model_->config(), o);
+    Transformer tf(*model_, pool);
+    const Tokenizer& tok = model_->require_tokenizer();
+    GenerateOptions g;
+    g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;  // positions, as llama2.c counts them
+    g.sampling.temperature = 0;
+    const GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok.bos_id(), tok.eos_id());
+    std::string text;
+    for (size_t k = prompt.size(); k < r.tokens.size(); ++k) text += tok.decode_piece(r.tokens[k - 1], r.tokens[k]);
+    return {text, int32_t(r.tokens.size() - prompt.size())};
+  }
+  std::vector<int32_t> encode(const std::string& text) const {
+    const Tokenizer& tok = model_->require_tokenizer();
+    return tok.encode(text, tok.add_bos_default());
+  }
+
+  json completion(const std::string& prompt, int32_t max_tokens, bool stream = false) const {
+    json b = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+    if (stream) b["stream"] = true;
+    return b;
+  }
+
+  static Model* model_;
+  std::unique_ptr<Engine> engine_;
+  EngineOptions engine_options_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+  bool manual_ = false;
+  std::thread stepper_;
+  std::mutex step_mutex_;
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> stop_stepper_{false};
+};
+
+Model* HttpServerTest::model_ = nullptr;
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "Lily had a red ball", "The sun was hot. Tom",
+                                           "One day, a little bird", "There was a big tree", "A cat"};
+
+TEST_F(HttpServerTest, CompletionAtTemperatureZeroEqualsGenerateReference) {
+  start();
+  // kvserve generate --max-tokens 256 runs 256 positions: 5 prompt tokens
+  // (BOS included), so 252 generated tokens; it prints the prompt first and a
+  // newline last.
+  std::string want = testing_files::read_all(kReference);
+  ASSERT_EQ(want.rfind("Once upon a time", 0), 0u);
+  want = want.substr(16, want.size() - 17);
+  const Reply r = post("/v1/completions", completion("Once upon a time", 252));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["object"], "text_completion");
+  EXPECT_EQ(r.body["model"], "stories260K");
+  EXPECT_EQ(r.body["choices"][0]["text"], want);
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 252);
+  EXPECT_EQ(r.body["usage"]["total_tokens"], 257);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(r.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+}
+
+TEST_F(HttpServerTest, ConcurrentStreamedAndWholeRequestsEqualGreedyAlone) {
+  EngineOptions eo;
+  eo.scheduler.max_batch_prefill_tokens = 7;  // prompts arrive in chunks, mixed with decodes
+  start(eo);
+  std::vector<std::future<Reply>> replies;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    json body = completion(kPrompts[i], 40 + int32_t(i));
+    if (i % 2) body["stream"] = true, body["stream_options"] = {{"include_usage", true}};
+    replies.push_back(std::async(std::launch::async, [this, body] { return post("/v1/completions", body); }));
+  }
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    const Reply r = replies[i].get();
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const std::vector<int32_t> prompt = encode(kPrompts[i]);
+    const auto [want, n] = greedy(prompt, 40 + int32_t(i));
+    if (i % 2 == 0) {
+      EXPECT_EQ(r.body["choices"][0]["text"], want) << kPrompts[i];
+      EXPECT_EQ(r.body["usage"]["completion_tokens"], n);
+      continue;
+    }
+    EXPECT_TRUE(r.done);
+    ASSERT_GE(r.chunks.size(), 3u);
+    EXPECT_EQ(stream_text(r), want) << kPrompts[i];
+    // The last chunk carries the usage and no choices; the one before, the finish reason.
+    const json& usage = r.chunks.back();
+    EXPECT_TRUE(usage["choices"].empty());
+    EXPECT_EQ(usage["usage"]["prompt_tokens"], int(prompt.size()));
+    EXPECT_EQ(usage["usage"]["completion_tokens"], n);
+    EXPECT_EQ(r.chunks[r.chunks.size() - 2]["choices"][0]["finish_reason"], n == 40 + int32_t(i) ? "length" : "stop");
+    for (size_t k = 0; k + 1 < r.chunks.size(); ++k) {
+      EXPECT_TRUE(r.chunks[k]["usage"].is_null());
+      EXPECT_EQ(r.chunks[k]["object"], "text_completion");
+      EXPECT_EQ(r.chunks[k]["id"], usage["id"]);
+    }
+  }
+  const EngineStats s = stats_when([](const EngineStats& s) { return s.requests_finished == int64_t(kPrompts.size()); });
+  EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, TokenIdPromptAndStopStrings) {
+  start();
+  const std::vector<int32_t> prompt = encode("Once upon a time");
+  const auto [greedy_text, n] = greedy(prompt, 60);
+  json body = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0}};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], greedy_text);
+  // A stop string ends the text before it, streamed or not.
+  const size_t cut = greedy_text.find("Lily");
+  ASSERT_NE(cut, std::string::npos);
+  body["stop"] = json::array({"Lily", "never appears"});
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], greedy_text.substr(0, cut));
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  body["stream"] = true;
+  r = post("/v1/completions", body);
+  EXPECT_EQ(stream_text(r), greedy_text.substr(0, cut));
+  EXPECT_EQ(r.chunks.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
+  start();
+  ASSERT_NE(server_->chat_template(), nullptr);
+  EXPECT_EQ(server_->chat_template()->format(), ChatFormat::Plain);  // stories260K has no template
+  const std::vector<ChatMessage> messages = {{"system", "You tell stories."}, {"user", "Tell me about a cat."}};
+  const auto [want, n] = greedy(server_->chat_template()->render(messages), 30);
+  json body = {{"model", "stories260K"},
+               {"messages", {{{"role", "system"}, {"content", "You tell stories."}},
+                             {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Tell me about a cat."}}}}}}},
+               {"max_completion_tokens", 30},
+               {"temperature", 0}};
+  Reply r = post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["object"], "chat.completion");
+  EXPECT_EQ(r.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r.body["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], n);
+  EXPECT_EQ(r.body["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+
+  body["stream"] = true;
+  r = post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  ASSERT_GE(r.chunks.size(), 2u);
+  EXPECT_EQ(r.chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(r.chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(stream_text(r), want);
+  EXPECT_EQ(r.chunks.back()["choices"][0]["delta"], json::object());
+  EXPECT_TRUE(r.done);
+}
+
+TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
+  start();
+  struct Case {
+    std::string path, body, param, code;
+  };
+  const std::string p = "/v1/completions";
+  const std::string m = R"("model": "stories260K", )";
+  std::string long_prompt = "[1";
+  for (int i = 1; i < 512; ++i) long_prompt += ",400";
+  long_prompt += "]";
+  const std::vector<Case> cases = {
+      {p, "{bad", "", "invalid_json"},
+      {p, "[1, 2]", "", "invalid_json"},
+      {p, "{" + m + R"("prompt": "x", "temperature": "hot"})", "temperature", "invalid_type"},
+      {p, "{" + m + R"("prompt": "x", "temperature": 3})", "temperature", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "max_tokens": 0})", "max_tokens", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "max_tokens": "many"})", "max_tokens", "invalid_type"},
+      {p, "{" + m + R"("prompt": "x", "max_tokens": 100000})", "max_tokens", "context_length_exceeded"},
+      {p, "{" + m + R"("prompt": )" + long_prompt + "}", "prompt", "context_length_exceeded"},
+      {p, "{" + m + R"("prompt": [1, 99999]})", "prompt", ""},
+      {p, "{" + m + R"("prompt": 7})", "prompt", "invalid_type"},
+      {p, "{" + m + R"("max_tokens": 4})", "prompt", "missing_required_parameter"},
+      {p, R"({"model": "gpt-4", "prompt": "x"})", "model", "model_not_found"},
+      {p, R"({"prompt": "x"})", "model", "missing_required_parameter"},
+      {p, "{" + m + R"("prompt": "x", "n": 2})", "n", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "stop": 5})", "stop", "invalid_type"},
+      {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "logprobs": 2})", "logprobs", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"k": "int4"}})", "kv.k", "unsupported_kv_config"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"v": "int3"}})", "kv.v", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"policy": "sinks", "budget": 256}})", "kv.policy", "unsupported_kv_config"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"colour": "red"}})", "kv.colour", "unknown_parameter"},
+      {"/v1/chat/completions", R"({"model": "stories260K"})", "messages", "missing_required_parameter"},
+      {"/v1/chat/completions", "{" + m + R"("messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role",
+       "invalid_value"},
+      {"/v1/chat/completions", "{" + m + R"("messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+        "max_completion_tokens": 5})", "max_completion_tokens", "invalid_value"},
+  };
+  for (const Case& c : cases) {
+    const Reply r = post_raw(c.path, c.body);
+    EXPECT_EQ(r.status, 400) << c.body << " -> " << r.raw;
+    ASSERT_TRUE(r.body.contains("error")) << r.raw;
+    const json& e = r.body["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error") << c.body;
+    EXPECT_FALSE(e["message"].get<std::string>().empty());
+    if (c.param.empty()) {
+      EXPECT_TRUE(e["param"].is_null()) << c.body;
+    } else {
+      EXPECT_EQ(e["param"], c.param) << c.body;
+    }
+    if (!c.code.empty()) {
+      EXPECT_EQ(e["code"], c.code) << c.body;
+    }
+  }
+  EXPECT_EQ(engine_->stats().requests_submitted, 0);
+  // The server's own KV type is accepted.
+  const Reply ok = post_raw(p, "{" + m + R"("prompt": "x", "max_tokens": 2, "kv": {"k": "fp32", "v": "fp32"}})");
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+}
+
+TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {
+  start();
+  Reply r = get("/nope");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["code"], "unknown_route");
+  r = get("/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.body["error"]["code"], "method_not_allowed");
+  r = get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["object"], "list");
+  ASSERT_EQ(r.body["data"].size(), 1u);
+  EXPECT_EQ(r.body["data"][0]["id"], "stories260K");
+  EXPECT_EQ(r.body["data"][0]["max_model_len"], 512);
+  EXPECT_EQ(r.body["data"][0]["vocab_size"], 512);
+  EXPECT_EQ(get("/v1/models/stories260K").status, 200);
+  EXPECT_EQ(get("/v1/models/other").status, 404);
+  r = get("/health");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["status"], "ok");
+}
+
+TEST_F(HttpServerTest, ApiKeysMapToTenantsAndRefuseUnknownKeys) {
+  HttpServerOptions ho;
+  ho.require_api_key = true;
+  start({}, ho, ApiKeys::parse("sk-alpha team-a\nsk-beta team-b\n", "keys"));
+  const json body = completion("A cat", 2);
+  Reply r = post("/v1/completions", body);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body["error"]["code"], "invalid_api_key");
+  r = post("/v1/completions", body, {{"Authorization", "Bearer sk-gamma"}});
+  EXPECT_EQ(r.status, 401);
+  r = post("/v1/completions", body, {{"Authorization", "Bearer sk-beta"}});
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(stats_when([](const EngineStats& s) { return s.requests_finished == 1; }).requests_submitted, 1);
+}
+
+TEST_F(HttpServerTest, FullQueueGets429WithRetryAfterAndNoRequestIsLost) {
+  EngineOptions eo;
+  eo.max_waiting = 4;
+  eo.scheduler.max_num_seqs = 2;
+  start(eo, {}, {}, /*manual=*/true);
+  // 2x the queue plus the running slots, all arriving while the engine is
+  // paused: exactly max_waiting are queued, the rest are refused at once.
+  constexpr int kRequests = 12;
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < kRequests; ++i)
+    replies.push_back(std::async(std::launch::async, [this, i] {
+      json b = completion(kPrompts[size_t(i) % kPrompts.size()], 20, /*stream=*/i % 2 == 1);
+      return post("/v1/completions", b);
+    }));
+  // The refused ones answer without the engine running.
+  auto ready = [&] {
+    int n = 0;
+    for (auto& f : replies) n += f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    return n;
+  };
+  for (int i = 0; i < 1000 && ready() < kRequests - 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<Reply> done(kRequests);
+  int rejected = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    if (replies[size_t(i)].wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+    done[size_t(i)] = replies[size_t(i)].get();
+    EXPECT_EQ(done[size_t(i)].status, 429);
+    ++rejected;
+  }
+  EXPECT_EQ(rejected, kRequests - 4);
+  paused_ = false;
+  int ok = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    if (replies[size_t(i)].valid()) done[size_t(i)] = replies[size_t(i)].get();
+    const Reply& r = done[size_t(i)];
+    if (r.status == 429) {
+      EXPECT_EQ(r.retry_after, "1");
+      EXPECT_EQ(r.body["error"]["code"], "queue_full");
+      continue;
+    }
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ++ok;
+    const auto [want, n] = greedy(encode(kPrompts[size_t(i) % kPrompts.size()]), 20);
+    EXPECT_EQ(i % 2 ? stream_text(r) : r.body["choices"][0]["text"].get<std::string>(), want);
+    if (i % 2) {
+      EXPECT_TRUE(r.done);
+    }
+  }
+  EXPECT_EQ(ok, 4);
+  const EngineStats s = stats_when([](const EngineStats& s) { return s.requests_finished == 4; });
+  EXPECT_EQ(s.requests_rejected, kRequests - 4);
+  EXPECT_EQ(s.requests_finished, 4);
+  EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, BoundedOverloadGetsOnly200And429) {
+  EngineOptions eo;
+  eo.max_waiting = 4;
+  eo.scheduler.max_num_seqs = 2;
+  start(eo);
+  constexpr int kRequests = 24;
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < kRequests; ++i)
+    replies.push_back(std::async(std::launch::async, [this, i] {
+      json b = completion(kPrompts[size_t(i) % kPrompts.size()], 64, /*stream=*/i % 2 == 1);
+      b["ignore_eos"] = true;
+      return post("/v1/completions", b);
+    }));
+  int ok = 0, rejected = 0;
+  for (auto& f : replies) {
+    const Reply r = f.get();
+    if (r.status == 429) {
+      ++rejected;
+      continue;
+    }
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ++ok;
+    if (r.chunks.empty()) {
+      EXPECT_EQ(r.body["usage"]["completion_tokens"], 64);
+    } else {
+      EXPECT_TRUE(r.done);
+      EXPECT_EQ(r.chunks.back()["choices"][0]["finish_reason"], "length");
+    }
+  }
+  EXPECT_EQ(ok + rejected, kRequests);
+  const EngineStats s = stats_when([ok](const EngineStats& s) { return s.requests_finished == ok; });
+  EXPECT_EQ(s.requests_finished, ok);
+  EXPECT_EQ(s.finished_length, ok);
+  EXPECT_EQ(s.requests_rejected, rejected);
+  EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, MoreKeepAliveClientsThanThreadsAreAllServed) {
+  HttpServerOptions ho;
+  ho.http_threads = 2;
+  ho.keep_alive_timeout_seconds = 60;  // an idle client would hold its thread this long
+  start({}, ho);
+  // Six clients keep their connections open until all are served: with two
+  // threads, the server must stop keeping connections alive once no thread is
+  // free, or the last clients wait for the keep-alive timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::latch served(6);
+  std::vector<std::future<int>> clients;
+  for (int i = 0; i < 6; ++i)
+    clients.push_back(std::async(std::launch::async, [this, i, &served] {
+      httplib::Client c = client();
+      c.set_keep_alive(true);
+      int ok = 0;
+      for (int k = 0; k < 3; ++k) {
+        auto res = c.Post("/v1/completions", completion(kPrompts[size_t(i)], 8).dump(), "application/json");
+        ok += res && res->status == 200;
+      }
+      served.arrive_and_wait();
+      return ok;
+    }));
+  for (auto& f : clients) EXPECT_EQ(f.get(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+}
+
+TEST_F(HttpServerTest, ClosingAStreamCancelsTheSequenceAndFreesItsBlocks) {
+  start({}, {}, {}, /*manual=*/true);
+  json body = completion("Once upon a time", 400, /*stream=*/true);
+  body["ignore_eos"] = true;
+  std::atomic<bool> returned{false};
+  // A compressed stream would arrive only at the end (httplib's compressor
+  // does not flush per chunk), so a stream is never compressed.
+  std::thread reader([&] {
+    const Reply r = post("/v1/completions", body, {{"Accept-Encoding", "gzip, deflate, br"}}, /*stop_after_chunks=*/3);
+    EXPECT_EQ(r.content_encoding, "");
+    returned = true;
+  });
+  // Step until the client has its three chunks and hangs up.
+  ASSERT_TRUE(step_until([&] { return returned.load(); }));
+  reader.join();
+  EXPECT_GT(engine_->stats().kv.blocks_used, 0);
+  ASSERT_TRUE(step_until([&] { return engine_->stats().finished_cancelled == 1; }));
+  const EngineStats s = engine_->stats();
+  EXPECT_EQ(s.kv.blocks_used, 0);
+  EXPECT_EQ(s.running + s.waiting, 0);
+  EXPECT_LT(s.generated_tokens, 100);
+  const std::string metrics = get("/metrics").raw;
+  EXPECT_NE(metrics.find("kvserve_kv_blocks{codec=\"fp32\",state=\"used\"} 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kvserve_requests_finished_total{reason=\"cancelled\"} 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("kvserve_http_requests_in_flight 0\n"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, AClientGivingUpOnAWholeResponseCancelsIt) {
+  start({}, {}, {}, /*manual=*/true);
+  // The engine does not run, so the client's 1 s read timeout expires first.
+  const Reply r = post("/v1/completions", completion("Once upon a time", 100), {}, 0, /*read_timeout_s=*/1);
+  EXPECT_EQ(r.status, 0);
+  // The handler answers 499 once it has seen the client leave and cancelled.
+  const std::string gone = "kvserve_http_responses_total{route=\"/v1/completions\",code=\"499\"} 1\n";
+  for (int i = 0; i < 1000 && server_->metrics_text().find(gone) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_NE(server_->metrics_text().find(gone), std::string::npos);
+  ASSERT_TRUE(step_until([&] { return engine_->stats().finished_cancelled == 1; }));
+  EXPECT_EQ(engine_->stats().generated_tokens, 0);
+  EXPECT_EQ(engine_->stats().kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, ShutdownDrainsRunningStreamsAndRefusesNewRequests) {
+  start({}, {}, {}, /*manual=*/true);
+  auto first = std::async(std::launch::async, [this] {
+    return post("/v1/completions", completion("Once upon a time", 30, /*stream=*/true));
+  });
+  ASSERT_TRUE(step_until([&] { return engine_->stats().generated_tokens >= 3; }));
+  std::thread closer([this] { server_->shutdown(30); });
+  // Draining: health says so, new work is refused, the running stream goes on.
+  Reply health;
+  for (int i = 0; i < 200 && health.status != 503; ++i) {
+    health = get("/health");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.body["status"], "draining");
+  const Reply refused = post("/v1/completions", completion("A cat", 5));
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.body["error"]["code"], "server_shutting_down");
+  paused_ = false;
+  const Reply r = first.get();
+  closer.join();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(stream_text(r), greedy(encode("Once upon a time"), 30).first);
+  EXPECT_EQ(engine_->stats().finished_cancelled, 0);
+}
+
+TEST_F(HttpServerTest, ShutdownCancelsWhatOutlivesTheDrainDeadline) {
+  start({}, {}, {}, /*manual=*/true);
+  json body = completion("Once upon a time", 400, /*stream=*/true);
+  body["ignore_eos"] = true;
+  auto stream = std::async(std::launch::async, [this, body] { return post("/v1/completions", body); });
+  auto whole = std::async(std::launch::async, [this] { return post("/v1/completions", completion("A cat", 400)); });
+  ASSERT_TRUE(step_until([&] { return engine_->stats().running == 2; }));
+  std::thread closer([this] { server_->shutdown(0.2); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the deadline: cancels are queued
+  paused_ = false;
+  const Reply s = stream.get();
+  const Reply w = whole.get();
+  closer.join();
+  ASSERT_EQ(s.status, 200);
+  EXPECT_TRUE(s.done);
+  ASSERT_FALSE(s.chunks.empty());
+  EXPECT_EQ(s.chunks.back()["error"]["code"], "server_shutting_down");
+  EXPECT_EQ(w.status, 503);
+  EXPECT_EQ(w.body["error"]["code"], "server_shutting_down");
+  const EngineStats st = stats_when([](const EngineStats& s) { return s.finished_cancelled == 2; });
+  EXPECT_EQ(st.kv.blocks_used, 0);
+}
+
+TEST_F(HttpServerTest, MetricsReportEngineAndHttpCounters) {
+  start();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post("/v1/completions", completion(kPrompts[size_t(i)], 8)).status, 200);
+  EXPECT_EQ(post("/v1/completions", json{{"model", "x"}}).status, 400);
+  const std::vector<std::string> lines = {
+      "kvserve_requests_submitted_total 3\n", "kvserve_requests_finished_total{reason=\"length\"} 3\n",
+      "kvserve_generation_tokens_total 24\n", "kvserve_time_to_first_token_seconds_count 3\n",
+      "kvserve_time_per_output_token_seconds_count 21\n", "kvserve_request_latency_seconds_count 3\n",
+      "kvserve_http_responses_total{route=\"/v1/completions\",code=\"200\"} 3\n",
+      "kvserve_http_responses_total{route=\"/v1/completions\",code=\"400\"} 1\n",
+      "kvserve_kv_blocks_total{codec=\"fp32\"} 512\n", "kvserve_prefix_cache_hit_rate 0\n",
+      "# TYPE kvserve_time_to_first_token_seconds histogram\n"};
+  auto missing = [&](const std::string& m) {
+    for (const std::string& line : lines)
+      if (m.find(line) == std::string::npos) return line;
+    return std::string();
+  };
+  // Engine stats and the HTTP log settle just after the responses.
+  std::string m = get("/metrics").raw;
+  for (int i = 0; i < 500 && !missing(m).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = get("/metrics").raw;
+  }
+  EXPECT_EQ(missing(m), "") << m;
+}
+
+}  // namespace
+}  // namespace kvserve

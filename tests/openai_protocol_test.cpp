@@ -1,0 +1,196 @@
+// Request bodies parse into exactly the fields and defaults OpenAI documents;
+// every wrong type, bad range and unimplemented feature is a 400 naming the
+// field; responses, chunks and errors have OpenAI's exact shape.
+#include "server/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+CompletionRequest parse_ok(const std::string& body, Endpoint e = Endpoint::Completions) {
+  auto r = parse_completion_request(body, e);
+  if (const ApiError* err = std::get_if<ApiError>(&r)) ADD_FAILURE() << body << ": " << err->message;
+  return std::holds_alternative<CompletionRequest>(r) ? std::get<CompletionRequest>(r) : CompletionRequest{};
+}
+
+ApiError parse_error(const std::string& body, Endpoint e = Endpoint::Completions) {
+  auto r = parse_completion_request(body, e);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body << " parsed";
+  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+}
+
+TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
+  CompletionRequest r = parse_ok(R"({"model": "m", "prompt": "hi"})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_text, "hi");
+  EXPECT_FALSE(r.prompt_is_tokens);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.seed_given);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.ignore_eos);
+
+  r = parse_ok(R"({"model": "m", "prompt": [1, 2, 3], "max_tokens": 7.0, "temperature": 0, "top_p": 0.5,
+                   "top_k": 40, "seed": 18446744073709551615, "stop": "\n", "stream": true,
+                   "stream_options": {"include_usage": true}, "ignore_eos": true, "user": "u", "n": 1,
+                   "logprobs": null, "presence_penalty": 0, "some_future_field": {"x": 1},
+                   "kv": {"k": "int4", "v": "int8", "policy": "sinks", "budget": 256}})");
+  EXPECT_TRUE(r.prompt_is_tokens);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_EQ(r.sampling.seed, 18446744073709551615ull);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.kv.k, "int4");
+  EXPECT_EQ(r.kv.v, "int8");
+  EXPECT_EQ(r.kv.policy, "sinks");
+  EXPECT_EQ(r.kv.budget, 256);
+  EXPECT_TRUE(r.kv.sparsity_requested());
+
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompt_text, "one");
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "top_k": -1})").sampling.top_k, 0);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "seed": -1})").sampling.seed, ~uint64_t(0));
+}
+
+TEST(OpenAiProtocol, ChatMessages) {
+  const CompletionRequest r = parse_ok(R"({"model": "m", "max_completion_tokens": 9, "messages": [
+      {"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": null},
+      {"role": "user", "content": "again", "name": "bob"}]})",
+                                       Endpoint::ChatCompletions);
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.messages[1].content, "Hello there");
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.messages[3].content, "again");
+  EXPECT_EQ(r.max_tokens, 9);
+}
+
+TEST(OpenAiProtocol, MistakesNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* code;
+    Endpoint endpoint = Endpoint::Completions;
+  };
+  const Endpoint chat = Endpoint::ChatCompletions;
+  const Case cases[] = {
+      {"", "", "invalid_json"},
+      {"{\"model\": \"m\", \"prompt\": \"\xFF\"}", "", "invalid_json"},  // not UTF-8
+      {"42", "", "invalid_json"},
+      {R"({"prompt": "x"})", "model", "missing_required_parameter"},
+      {R"({"model": 3, "prompt": "x"})", "model", "invalid_type"},
+      {R"({"model": "m"})", "prompt", "missing_required_parameter"},
+      {R"({"model": "m", "prompt": []})", "prompt", "invalid_value"},
+      {R"({"model": "m", "prompt": ["a", "b"]})", "prompt", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": [1, -2]})", "prompt", "invalid_value"},
+      {R"({"model": "m", "prompt": [1, 2.5]})", "prompt", "invalid_type"},
+      {R"({"model": "m", "prompt": [1, "a"]})", "prompt", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "max_tokens": -1})", "max_tokens", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "max_tokens": 1e12})", "max_tokens", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "temperature": 2.5})", "temperature", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "temperature": true})", "temperature", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "top_p": 0})", "top_p", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "top_k": -2})", "top_k", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "seed": "7"})", "seed", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "stop": ["a", 1]})", "stop", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",
+       "stop", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "stream": "yes"})", "stream", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "stream": true, "stream_options": []})", "stream_options", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "user": 5})", "user", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "n": 3})", "n", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "best_of": 2})", "best_of", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "echo": true})", "echo", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "suffix": "end"})", "suffix", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"5": 1}})", "logit_bias", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "presence_penalty": 9})", "presence_penalty", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "kv": "int4"})", "kv", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "kv": {"budget": 0}})", "kv.budget", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "kv": {"k": 4}})", "kv.k", "invalid_type"},
+      {R"({"model": "m", "messages": []})", "messages", "invalid_value", chat},
+      {R"({"model": "m", "messages": {"role": "user"}})", "messages", "invalid_type", chat},
+      {R"({"model": "m", "messages": [{"content": "x"}]})", "messages[0].role", "missing_required_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "user"}]})", "messages[0].content", "missing_required_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "tool", "content": "x"}]})", "messages[0].role", "unsupported_parameter",
+       chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages[0].content",
+       "unsupported_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools",
+       "unsupported_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs",
+       "unsupported_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+       "response_format", "unsupported_parameter", chat},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = parse_error(c.body, c.endpoint);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "temperature": "hot"})").message,
+            "'temperature' must be a number (got a string)");
+}
+
+TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {
+  const ResponseMeta meta{"cmpl-1", 1700000000, "m"};
+  const RequestUsage usage{5, 3, 2};
+  EXPECT_EQ(completion_response(Endpoint::Completions, meta, "abc", "length", usage),
+            json::parse(R"({"id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
+              "choices": [{"index": 0, "text": "abc", "logprobs": null, "finish_reason": "length"}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                        "prompt_tokens_details": {"cached_tokens": 2}}})"));
+  EXPECT_EQ(completion_response(Endpoint::ChatCompletions, meta, "hi", "stop", usage)["choices"][0],
+            json::parse(R"({"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": null,
+                            "finish_reason": "stop"})"));
+  EXPECT_EQ(completion_chunk(Endpoint::ChatCompletions, meta, "", {}, true, false),
+            json::parse(R"({"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m",
+              "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+                           "finish_reason": null}]})"));
+  EXPECT_EQ(completion_chunk(Endpoint::ChatCompletions, meta, "", "stop", false, true)["choices"][0]["delta"],
+            json::object());
+  EXPECT_TRUE(completion_chunk(Endpoint::Completions, meta, "x", {}, false, true)["usage"].is_null());
+  EXPECT_FALSE(completion_chunk(Endpoint::Completions, meta, "x", {}, false, false).contains("usage"));
+  const json u = usage_chunk(Endpoint::Completions, meta, usage);
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 8);
+  EXPECT_EQ(client_finish_reason(FinishReason::Length), "length");
+  EXPECT_EQ(client_finish_reason(FinishReason::Stop), "stop");
+  EXPECT_EQ(model_json("m", 1, 512, 32000),
+            json::parse(R"({"id": "m", "object": "model", "created": 1, "owned_by": "kvserve",
+                            "max_model_len": 512, "vocab_size": 32000})"));
+}
+
+TEST(OpenAiProtocol, ErrorObjectsAndEvents) {
+  EXPECT_EQ(error_json(invalid_request("bad", "temperature", "invalid_value")),
+            json::parse(R"({"error": {"message": "bad", "type": "invalid_request_error", "param": "temperature",
+                                      "code": "invalid_value"}})"));
+  EXPECT_EQ(error_json(invalid_request("bad")),
+            json::parse(R"({"error": {"message": "bad", "type": "invalid_request_error", "param": null,
+                                      "code": null}})"));
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  // Invalid UTF-8 never makes serialization throw.
+  EXPECT_EQ(dump_json(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+}
+
+}  // namespace
+}  // namespace kvserve
