@@ -34,6 +34,9 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
       ->capture_default_str();
   cmd.add_option("--tenant-secret-file", o.tenant_secret_file,
                  "file whose bytes salt tenant caches (same file on every replica; default: random)");
+  cmd.add_option("--kv-tiers", o.kv_tiers,
+                 "KV tiers below memory, in lookup order: host:SIZE, disk:DIR:SIZE, redis://HOST:PORT[?...] "
+                 "(comma-separated; README)");
 }
 
 EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers) {
@@ -55,6 +58,7 @@ EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions
   e.prefix.pin_after_hits = o.pin_after_hits;
   e.prefix.max_pinned_fraction = o.max_pinned_fraction;
   e.tenant_quota_blocks = o.tenant_quota_blocks;
+  e.kv_tiers = o.kv_tiers;
   if (!o.tenant_secret_file.empty()) {
     std::ifstream in(o.tenant_secret_file, std::ios::binary);
     if (!in) fail("cannot read --tenant-secret-file '{}'", o.tenant_secret_file);

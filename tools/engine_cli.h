@@ -24,10 +24,11 @@ struct EngineCliOptions {
   double max_pinned_fraction = 0.2;
   int32_t tenant_quota_blocks = -1;
   std::string tenant_secret_file;        // empty = a random secret per process
+  std::string kv_tiers;                  // e.g. host:2GiB,disk:/path:20GiB,redis://host:port
 };
 
 // Adds --max-num-seqs, --max-batch-prefill-tokens, --max-waiting and the
-// --prefix-* flags.
+// --prefix-* flags and --kv-tiers.
 void add_engine_options(CLI::App& cmd, EngineCliOptions& o);
 
 // The engine configuration the common and engine flags describe.

@@ -7,6 +7,9 @@
 
 #include <random>
 
+#include <xxhash.h>
+
+#include "store/tier_spec.h"
 #include "util/error.h"
 #include "util/timer.h"
 
@@ -44,6 +47,22 @@ Engine::Engine(const Model& model, const EngineOptions& options)
     bos_id_ = tokenizer_->bos_id();
     eos_id_ = tokenizer_->eos_id();
   }
+  if (!options.kv_tiers.empty()) {
+    if (!prefix_) fail("--kv-tiers needs prefix caching (blocks are stored under their prefix-cache keys)");
+    // A block read back from a tier comes without the FP16 form queries near
+    // it would read from a residual window longer than one block.
+    if (cache_.residual() > cache_.block_size())
+      fail("--kv-tiers needs a residual window of at most one block (got {} tokens; pass --kv-residual {})",
+           cache_.residual(), cache_.block_size());
+    TieredKvStoreOptions t;
+    const std::string& id = model.fingerprint();
+    t.identity = {XXH3_64bits(id.data(), id.size()), cache_.block_codec_hash()};
+    t.payload_bytes = cache_.block_record_bytes();
+    store_ = open_tiered_kv_store(options.kv_tiers, t);
+    prefix_->set_event_listener([this](const CacheEvent& e) {
+      if (e.kind == CacheEventKind::Stored) stored_.push_back(e);
+    });
+  }
   tenant_secret_ = options.tenant_secret;
   if (tenant_secret_.empty()) {
     std::random_device rd;
@@ -51,6 +70,7 @@ Engine::Engine(const Model& model, const EngineOptions& options)
   }
   local_.kv = cache_.stats();
   local_.prefix_caching = prefix_ != nullptr;
+  local_.tiers = store_ != nullptr;
   stats_ = local_;
 }
 
@@ -78,11 +98,12 @@ PrefixHooks Engine::prefix_hooks() {
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);
     seq.checkpoint = m.checkpoint_tokens;
-    return m.cached_tokens;
+    return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };
   h.release = [this](Sequence& seq) {
     prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.table.num_tokens)), seq.keys);
     prefix_->release(seq.scope, seq.table, seq.keys);
+    write_published(seq);
   };
   return h;
 }
@@ -118,10 +139,59 @@ void Engine::publish_prefix(Sequence& seq) {
   if (!prefix_) return;
   prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.num_computed)), seq.keys);
   prefix_->publish(seq.scope, seq.table, seq.keys);
+  write_published(seq);
+}
+
+void Engine::write_published(const Sequence& seq) {
+  if (!store_ || stored_.empty()) return;
+  // A chain's blocks share one tag (its first key): the Redis tier keeps them
+  // in one cluster slot, so a later lookup of the chain is one round trip.
+  const ChainTag chain = seq.keys.empty() ? ChainTag() : ChainTag(seq.keys[0]);
+  for (const CacheEvent& e : stored_) {
+    cache_.export_block(e.block, block_bytes_);
+    if (store_->put(e.key, block_bytes_, chain)) ++local_.tier_blocks_written;
+  }
+  stored_.clear();
+}
+
+int32_t Engine::load_from_tiers(Sequence& seq) {
+  const int32_t bs = cache_.block_size();
+  const int32_t have = seq.table.num_tokens / bs;
+  // As match(): the last prompt token is always computed.
+  const int32_t eligible = std::min<int32_t>(int32_t(seq.keys.size()), (int32_t(seq.tokens().size()) - 1) / bs);
+  if (have >= eligible) return 0;
+  // Load when that measured cheaper than computing; probe now and then so a
+  // tier that got faster (or a cache that got warmer) is noticed.
+  if (local_.tier_load_ms_per_block > 0 && local_.recompute_ms_per_block > 0 &&
+      local_.tier_load_ms_per_block > local_.recompute_ms_per_block && ++skipped_since_probe_ < 16) {
+    ++local_.tier_lookups_skipped;
+    return 0;
+  }
+  skipped_since_probe_ = 0;
+  ++local_.tier_lookups;
+  Timer timer;
+  const std::vector<LoadedBlock> found =
+      store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(eligible - have)), ChainTag(seq.keys[0]));
+  int32_t loaded = int32_t(found.size());
+  if (loaded > 0 && !cache_.reserve(seq.table, loaded * bs)) loaded = 0;  // no room: compute them later, or wait
+  for (int32_t j = 0; j < loaded; ++j)
+    cache_.import_block(seq.table.blocks[size_t(have + j)], found[size_t(j)].payload());
+  if (loaded > 0) {
+    cache_.commit(seq.table, loaded * bs);
+    // Cache them in memory too; they are in the tiers already.
+    prefix_->publish(seq.scope, seq.table, seq.keys);
+    stored_.clear();
+  }
+  const double ms = timer.seconds() * 1e3 / double(std::max(loaded, 1));
+  local_.tier_load_ms_per_block =
+      local_.tier_load_ms_per_block == 0 ? ms : 0.8 * local_.tier_load_ms_per_block + 0.2 * ms;
+  local_.tier_blocks_loaded += loaded;
+  return loaded;
 }
 
 Engine::~Engine() {
   if (started_) shutdown(false);
+  if (prefix_) prefix_->set_event_listener(nullptr);
 }
 
 double Engine::now() const {
@@ -282,6 +352,14 @@ bool Engine::run_step() {
     return true;
   }
   local_.prefill_tokens_computed += plan.prefill_tokens;
+  if (plan.prefill_tokens > 0) {
+    // Cost per token of a step that prefills (its decode tokens count as tokens too).
+    int64_t tokens = 0;
+    for (const ScheduledChunk& c : plan.chunks) tokens += c.n_tokens;
+    const double ms = timer.seconds() * 1e3 * cache_.block_size() / double(tokens);
+    local_.recompute_ms_per_block =
+        local_.recompute_ms_per_block == 0 ? ms : 0.8 * local_.recompute_ms_per_block + 0.2 * ms;
+  }
   ++local_.steps;
   local_.max_running = std::max(local_.max_running, int32_t(scheduler_.num_running()));
   // Snapshot the KV use before finished sequences give their blocks back.
@@ -302,6 +380,7 @@ void Engine::publish_stats() {
   local_.waiting = int32_t(scheduler_.num_waiting());
   local_.kv = cache_.stats();
   if (prefix_) local_.prefix = prefix_->stats();
+  if (store_) local_.tier = store_->stats();
   waiting_.store(local_.waiting);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex

@@ -30,6 +30,7 @@
 #include "kv/kv_cache.h"
 #include "kv/prefix_cache.h"
 #include "model/model.h"
+#include "store/tiered_kv_store.h"
 #include "util/histogram.h"
 #include "util/thread_pool.h"
 
@@ -53,6 +54,14 @@ struct EngineOptions {
   // derive them. Empty = a random secret per process.
   std::string tenant_secret;
   int32_t tenant_quota_blocks = -1;  // cached blocks per tenant; -1 = no quota
+
+  // Tiers below memory (issue 7), e.g. "host:2GiB,disk:/var/kv:20GiB,redis://127.0.0.1:6379"
+  // (store/tier_spec.h); empty = none. Needs prefix caching: blocks are found
+  // by their prefix-cache keys. Every block the prefix cache publishes is
+  // also written to the tiers (off the engine thread); at admission the
+  // blocks after the in-memory hit are looked up tier by tier and loaded when
+  // the measured load cost is below the measured recompute cost.
+  std::string kv_tiers;
 };
 
 struct SubmitResult {
@@ -82,6 +91,15 @@ struct EngineStats {
   std::string kv_codec;                 // the cache's codecs, e.g. "fp16" or "K int4/channel V int4/token"
   bool prefix_caching = false;
   PrefixCacheStats prefix;              // with prefix_caching
+  // Tiers (with kv_tiers).
+  bool tiers = false;
+  TieredStats tier;
+  int64_t tier_lookups = 0;             // admissions that asked the tiers
+  int64_t tier_lookups_skipped = 0;     // admissions that recomputed because loading measured slower
+  int64_t tier_blocks_loaded = 0;       // blocks imported from a tier instead of computed
+  int64_t tier_blocks_written = 0;      // published blocks queued for the tiers
+  double tier_load_ms_per_block = 0;    // measured: lookup + import, per block found (moving average)
+  double recompute_ms_per_block = 0;    // measured: prefill time per block of tokens (moving average)
   Histogram ttft = Histogram::latency_seconds();   // arrival → first token
   Histogram tpot = Histogram::latency_seconds();   // between consecutive tokens of a request
   Histogram e2e = Histogram::latency_seconds();    // arrival → last event
@@ -137,6 +155,8 @@ class Engine {
   PrefixHooks prefix_hooks();
   CacheScope scope_for(const Request& r);   // registers the tenant on first sight
   void publish_prefix(Sequence& seq);       // after a forward: cache the sequence's new full blocks
+  void write_published(const Sequence& seq);  // queue blocks the prefix cache just stored for the tiers
+  int32_t load_from_tiers(Sequence& seq);   // after an in-memory match: blocks imported from the tiers
 
   const Model& model_;
   EngineOptions options_;
@@ -145,6 +165,10 @@ class Engine {
   Transformer transformer_;
   SteadyClock clock_;
   std::unique_ptr<PrefixCache> prefix_;   // null without prefix caching
+  std::unique_ptr<TieredKvStore> store_;  // null without tiers
+  std::vector<CacheEvent> stored_;        // blocks the prefix cache stored since the last write_published
+  std::vector<uint8_t> block_bytes_;      // export buffer, one block
+  int32_t skipped_since_probe_ = 0;       // tier lookups skipped since the last one made
   std::map<std::string, TenantId> tenants_;  // tenant name -> prefix-cache account
   std::string tenant_secret_;
   Scheduler scheduler_;

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "store/store_metrics_export.h"
+
 namespace kvserve {
 namespace {
 
@@ -107,6 +109,43 @@ std::string render_metrics(const EngineStats& e, const ServerMetrics& s) {
             double(e.prefill_tokens_computed));
   w.counter("kvserve_generation_tokens_total", "Tokens generated.", double(e.generated_tokens));
 
+  if (e.prefix_caching) {
+    // Per account (tenant name; "global" for the shared scope).
+    const PrefixCacheStats& p = e.prefix;
+    auto per_tenant = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+      w.family(name, type, help);
+      for (const PrefixCacheTenantStats& t : p.tenants) w.sample(name, double(value(t)), {{"tenant", t.name}});
+    };
+    per_tenant("kvserve_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
+               [](const PrefixCacheTenantStats& t) { return t.counters.query_tokens; });
+    per_tenant("kvserve_prefix_cache_hit_tokens_total", "counter", "Prompt tokens the prefix cache served.",
+               [](const PrefixCacheTenantStats& t) { return t.counters.hit_tokens; });
+    per_tenant("kvserve_prefix_cache_query_blocks_total", "counter", "Full prompt blocks looked up.",
+               [](const PrefixCacheTenantStats& t) { return t.counters.query_blocks; });
+    per_tenant("kvserve_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks the prefix cache served.",
+               [](const PrefixCacheTenantStats& t) { return t.counters.hit_blocks; });
+    per_tenant("kvserve_prefix_cache_blocks_evicted_total", "counter", "Cached blocks dropped for memory or quota.",
+               [](const PrefixCacheTenantStats& t) { return t.counters.blocks_evicted; });
+    per_tenant("kvserve_prefix_cache_blocks_cached", "gauge", "Blocks in the prefix cache (in use or idle).",
+               [](const PrefixCacheTenantStats& t) { return t.blocks_cached; });
+    per_tenant("kvserve_prefix_cache_blocks_pinned", "gauge", "Pinned prefix-cache blocks.",
+               [](const PrefixCacheTenantStats& t) { return t.blocks_pinned; });
+    per_tenant("kvserve_prefix_cache_memory_saved_bytes", "gauge", "KV bytes sharing saves right now.",
+               [](const PrefixCacheTenantStats& t) { return t.memory_saved_bytes; });
+    w.gauge("kvserve_prefix_cache_blocks_idle", "Cached blocks no sequence uses (reclaimable).", p.blocks_idle);
+  }
+
+  if (e.tiers) {
+    w.counter("kvserve_tier_lookups_total", "Admissions that looked blocks up in the tiers.", double(e.tier_lookups));
+    w.counter("kvserve_tier_lookups_skipped_total", "Admissions that recomputed because loading measured slower.",
+              double(e.tier_lookups_skipped));
+    w.counter("kvserve_tier_blocks_loaded_total", "Blocks imported from a tier instead of computed.",
+              double(e.tier_blocks_loaded));
+    w.counter("kvserve_tier_blocks_written_total", "Published blocks queued for the tiers.", double(e.tier_blocks_written));
+    w.gauge("kvserve_tier_load_ms_per_block", "Measured lookup + import time per block found.", e.tier_load_ms_per_block);
+    w.gauge("kvserve_recompute_ms_per_block", "Measured prefill time per block of tokens.", e.recompute_ms_per_block);
+  }
+
   const PrometheusWriter::Labels codec = {{"codec", s.kv_codec}};
   w.family("kvserve_kv_blocks", "gauge", "KV cache blocks by state.");
   w.sample("kvserve_kv_blocks", e.kv.blocks_used, {{"codec", s.kv_codec}, {"state", "used"}});
@@ -135,7 +174,9 @@ std::string render_metrics(const EngineStats& e, const ServerMetrics& s) {
     w.sample("kvserve_http_responses_total", double(count), {{"route", key.first}, {"code", std::to_string(key.second)}});
   w.gauge("kvserve_http_requests_in_flight", "Completion requests submitted to the engine and not finished.",
           double(s.in_flight));
-  return w.text();
+  std::string out = w.text();
+  if (e.tiers) append_prometheus(e.tier, out);  // per-tier hits, misses, bytes, latency, errors
+  return out;
 }
 
 }  // namespace kvserve

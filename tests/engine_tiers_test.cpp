@@ -1,0 +1,142 @@
+// The engine with KV tiers below memory: blocks published by one engine are
+// loaded by another (a restarted process from disk, a replica through Redis)
+// instead of being computed, with exactly the tokens a no-tier run produces;
+// Redis dying mid-run costs recomputation, never a request.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "engine/engine.h"
+#include "redis_test_support.h"
+#include "test_support.h"
+
+namespace kvserve {
+namespace {
+
+using testing_files::kStoriesGguf;
+
+const std::string kSystem =
+    "Once upon a time, there was a little girl named Lily. She liked to play outside in the park with her friends. "
+    "One day, she saw a big dog. ";
+
+struct Served {
+  std::vector<int32_t> tokens;
+  RequestUsage usage;
+  FinishReason finish = FinishReason::None;
+};
+
+class EngineTiersTest : public ::testing::Test {
+ protected:
+  void SetUp() override { model = Model::load(kStoriesGguf); }
+  EngineOptions options(const std::string& tiers) {
+    EngineOptions o;
+    o.threads = 1;
+    o.kv.num_blocks = 64;
+    o.kv_tiers = tiers;
+    o.tenant_secret = "a secret every replica shares";
+    return o;
+  }
+  // Serves each question after the system prompt, one at a time, as `tenant`.
+  std::vector<Served> serve(Engine& engine, const std::vector<std::string>& questions,
+                            const std::string& tenant = "acme") {
+    std::vector<Served> out(questions.size());
+    for (size_t i = 0; i < questions.size(); ++i) {
+      Request r;
+      r.prompt = model->require_tokenizer().encode(kSystem + questions[i], true);
+      r.max_tokens = 10;
+      r.sampling.temperature = 0;
+      r.tenant = tenant;
+      r.on_event = [&out, i](const RequestEvent& e) {
+        if (e.token >= 0) out[i].tokens.push_back(e.token);
+        out[i].usage = e.usage;
+        out[i].finish = e.finish;
+      };
+      EXPECT_EQ(engine.submit(r).status, SubmitResult::Status::Accepted);
+      engine.run_until_idle();
+    }
+    return out;
+  }
+  std::unique_ptr<Model> model;
+};
+
+TEST_F(EngineTiersTest, RestartedEngineLoadsItsBlocksFromDisk) {
+  const std::string dir = testing_redis::make_temp_dir("engine-disk");
+  std::vector<Served> first, again, plain;
+  {
+    Engine engine(*model, options("disk:" + dir + ":64MiB"));
+    first = serve(engine, {"Lily"});
+    EXPECT_GT(engine.stats().tier_blocks_written, 0);
+  }  // the store writes what is queued before it closes
+  {
+    Engine engine(*model, options("disk:" + dir + ":64MiB"));
+    again = serve(engine, {"Lily"});
+    const EngineStats s = engine.stats();
+    EXPECT_GT(s.tier_blocks_loaded, 0);
+    // Every full block but the one holding the last prompt token came from disk.
+    EXPECT_EQ(again[0].usage.cached_tokens, (again[0].usage.prompt_tokens - 1) / 16 * 16);
+    EXPECT_EQ(s.prefill_tokens_computed, again[0].usage.prompt_tokens - again[0].usage.cached_tokens);
+  }
+  {
+    EngineOptions o = options("");
+    Engine engine(*model, o);
+    plain = serve(engine, {"Lily"});
+  }
+  EXPECT_EQ(first[0].tokens, plain[0].tokens);
+  EXPECT_EQ(again[0].tokens, plain[0].tokens);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EngineTiersTest, TenantsDoNotSeeEachOthersBlocksInTheTiers) {
+  const std::string dir = testing_redis::make_temp_dir("engine-tenants");
+  {
+    Engine engine(*model, options("disk:" + dir + ":64MiB"));
+    serve(engine, {"Lily"}, "alice");
+  }
+  Engine engine(*model, options("disk:" + dir + ":64MiB"));
+  EXPECT_EQ(serve(engine, {"Lily"}, "bob")[0].usage.cached_tokens, 0);
+  EXPECT_EQ(engine.stats().tier_blocks_loaded, 0);
+  EXPECT_GT(serve(engine, {"Lily"}, "alice")[0].usage.cached_tokens, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EngineTiersTest, ReplicaReusesBlocksThroughRedisAndSurvivesItsDeath) {
+  if (!testing_redis::redis_installed()) GTEST_SKIP() << "redis-server is not installed";
+  const std::string dir = testing_redis::make_temp_dir("engine-redis");
+  testing_redis::RedisServer redis(testing_redis::free_port(), {}, dir);
+  const std::string url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  Engine a(*model, options(url));
+  Engine b(*model, options(url));
+  const std::vector<Served> from_a = serve(a, {"Lily"});
+  // A's blocks reach Redis off its engine thread; B finds them.
+  std::vector<Served> from_b;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    from_b = serve(b, {"Lily"});
+    if (from_b[0].usage.cached_tokens > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GT(from_b[0].usage.cached_tokens, 0);
+  EXPECT_EQ(from_b[0].tokens, from_a[0].tokens);
+  // Redis dies: B recomputes, loses nothing, answers the same.
+  redis.kill();
+  Engine c(*model, options(url));
+  const std::vector<Served> from_c = serve(c, {"Lily", "Tom"});
+  EXPECT_EQ(from_c[0].tokens, from_a[0].tokens);
+  EXPECT_EQ(from_c[0].finish, FinishReason::Length);
+  EXPECT_EQ(from_c[1].finish, FinishReason::Length);
+  EXPECT_EQ(c.stats().tier_blocks_loaded, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EngineTiersTest, RefusesTiersItCannotServeExactly) {
+  EngineOptions o = options("host:1MiB");
+  o.prefix_caching = false;
+  testing_files::expect_error_containing([&] { Engine e(*model, o); }, "needs prefix caching");
+  o = options("host:1MiB");
+  o.kv.set_dtype(KvDType::INT4);
+  o.kv.residual = 32;
+  testing_files::expect_error_containing([&] { Engine e(*model, o); }, "residual window");
+}
+
+}  // namespace
+}  // namespace kvserve
