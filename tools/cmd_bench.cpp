@@ -49,6 +49,20 @@ void run_workload_bench(const BenchArgs& a) {
   j["prefill_tokens_computed"] = r.prefill_tokens_computed;
   j["cached_tokens"] = r.cached_tokens;
   j["prefix_hit_rate"] = r.prefix_hit_rate;
+  if (a.workload.name == "returning") {
+    j["turns"] = a.workload.turns;
+    j["returning_prompt_tokens"] = r.returning_prompt_tokens;
+    j["returning_cached_tokens"] = r.returning_cached_tokens;
+    j["returning_hit_rate"] = r.returning_hit_rate;
+  }
+  const EngineStats es = engine.stats();
+  if (es.tiers) {
+    j["tier_blocks_loaded"] = r.tier_blocks_loaded;
+    j["tier_blocks_written"] = es.tier_blocks_written;
+    j["tier_lookups_skipped"] = es.tier_lookups_skipped;
+    j["tier_load_ms_per_block"] = es.tier_load_ms_per_block;
+    j["recompute_ms_per_block"] = es.recompute_ms_per_block;
+  }
   j["ttft_p50_ms"] = r.ttft_p50_ms;
   j["ttft_p99_ms"] = r.ttft_p99_ms;
   j["tpot_p50_ms"] = r.tpot_p50_ms;
@@ -65,6 +79,9 @@ void run_workload_bench(const BenchArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
+  if (a.workload.name == "returning")
+    std::printf("returning turns: %.1f%% of their prompt tokens cached (%lld loaded from tiers)\n",
+                100 * r.returning_hit_rate, (long long)r.tier_blocks_loaded);
   std::printf("%s: %d requests (%d in flight) | prefill computed %lld of %lld prompt tokens, prefix hit rate "
               "%.1f%% | TTFT p50 %.1f ms p99 %.1f ms | TPOT p50 %.1f ms | peak KV %lld bytes, %d running at "
               "most, %lld preemptions | %.1f output tok/s\n",
@@ -192,7 +209,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option_function<std::string>("--workload", [a](const std::string& v) {
     a->workload.name = v;
     a->workload_given = true;
-  }, "run a serving workload through the engine instead: shared-prefix");
+  }, "run a serving workload through the engine instead: shared-prefix | returning");
+  cmd->add_option("--turns", w.turns, "workload returning: turns per conversation")->capture_default_str();
   cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
   cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();

@@ -29,23 +29,36 @@ double quantile(std::vector<double> samples, double q) {
 }  // namespace
 
 void WorkloadOptions::validate(int32_t context_length) const {
-  if (name != "shared-prefix") fail("unknown workload '{}' (known: shared-prefix)", name);
-  if (requests <= 0 || tenants <= 0 || concurrency <= 0 || max_tokens <= 0)
-    fail("--requests, --tenants, --concurrency and --max-tokens must be positive");
+  if (name != "shared-prefix" && name != "returning")
+    fail("unknown workload '{}' (known: shared-prefix, returning)", name);
+  if (requests <= 0 || tenants <= 0 || concurrency <= 0 || max_tokens <= 0 || turns <= 0)
+    fail("--requests, --tenants, --turns, --concurrency and --max-tokens must be positive");
   if (prefix_tokens <= 0 || suffix_tokens < 0) fail("--prefix-tokens must be positive and --suffix-tokens >= 0");
-  if (int64_t(prefix_tokens) + suffix_tokens + max_tokens > context_length)
-    fail("--prefix-tokens + --suffix-tokens + --max-tokens = {} exceeds the context length {}",
-         int64_t(prefix_tokens) + suffix_tokens + max_tokens, context_length);
+  const int32_t rounds = name == "returning" ? turns : 1;
+  const int64_t longest = int64_t(prefix_tokens) + int64_t(rounds) * (suffix_tokens + max_tokens);
+  if (longest > context_length)
+    fail("the longest prompt plus its answer ({} tokens: --prefix-tokens + turns x (--suffix-tokens + "
+         "--max-tokens)) exceeds the context length {}",
+         longest, context_length);
+  if (name == "returning" && requests % turns != 0)
+    fail("--requests {} is not a multiple of --turns {}", requests, turns);
 }
 
 WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   const ModelConfig& c = engine.config();
   o.validate(c.seq_len);
-  std::vector<std::vector<int32_t>> prefixes;
-  for (int32_t t = 0; t < o.tenants; ++t) {
+  const bool returning = o.name == "returning";
+  const int32_t conversations = returning ? o.requests / o.turns : 0;
+  // shared-prefix: one system prompt per tenant. returning: each
+  // conversation's history (its first context, then every turn's prompt and
+  // answer), which its next turn extends.
+  std::vector<std::vector<int32_t>> prefixes, history;
+  for (int32_t t = 0; t < (returning ? conversations : o.tenants); ++t) {
     prefixes.push_back(random_tokens(o.seed * 1000003 + uint64_t(t), o.prefix_tokens, c.vocab_size));
     prefixes.back()[0] = 1;  // BOS
   }
+  history = prefixes;
+  std::vector<char> done(size_t(o.requests), 0);
 
   WorkloadReport report;
   report.requests = o.requests;
@@ -54,7 +67,8 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   Timer wall;
   auto submit = [&](int32_t i) {
     Request r;
-    r.prompt = prefixes[size_t(i % o.tenants)];
+    const size_t owner = size_t(returning ? i % conversations : i % o.tenants);
+    r.prompt = history[owner];
     const auto suffix = random_tokens(o.seed * 7919 + uint64_t(i) + 1, o.suffix_tokens, c.vocab_size);
     r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
     r.max_tokens = o.max_tokens;
@@ -62,33 +76,45 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
     r.stop_at_eos = false;  // every request generates max_tokens: equal work with and without the cache
     r.tenant = "tenant-" + std::to_string(i % o.tenants);
     report.prompt_tokens += int64_t(r.prompt.size());
-    r.on_event = [&, first = true, last = 0.0](const RequestEvent& e) mutable {
+    const bool returning_turn = returning && i >= conversations;
+    if (returning_turn) report.returning_prompt_tokens += int64_t(r.prompt.size());
+    if (returning) history[owner] = r.prompt;
+    r.on_event = [&, i, owner, returning_turn, first = true, last = 0.0](const RequestEvent& e) mutable {
       const double now = wall.seconds();
       if (e.token >= 0) {
         if (first) ttft.push_back(e.ttft_seconds * 1e3);
         else tpot.push_back((now - last) * 1e3);
         first = false;
         last = now;
+        if (returning) history[owner].push_back(e.token);
       }
       if (e.finish == FinishReason::None) return;
       ++finished;
+      done[size_t(i)] = 1;
       if (e.finish == FinishReason::Error) ++report.failed;
       report.cached_tokens += e.usage.cached_tokens;
+      if (returning_turn) report.returning_cached_tokens += e.usage.cached_tokens;
     };
     const SubmitResult s = engine.submit(std::move(r));
     if (s.status != SubmitResult::Status::Accepted) fail("workload request {} refused: {}", i, s.error);
     ++submitted;
   };
+  // A conversation's next turn waits for its previous answer.
+  auto ready = [&](int32_t i) { return !returning || i < conversations || done[size_t(i - conversations)]; };
 
   const EngineStats before = engine.stats();
   while (finished < o.requests) {
-    while (submitted < o.requests && submitted - finished < o.concurrency) submit(submitted);
+    while (submitted < o.requests && submitted - finished < o.concurrency && ready(submitted)) submit(submitted);
     if (!engine.step() && finished < submitted) fail("the engine stalled with {} requests open", submitted - finished);
   }
   report.seconds = wall.seconds();
   const EngineStats s = engine.stats();
   report.prefill_tokens_computed = s.prefill_tokens_computed - before.prefill_tokens_computed;
   report.prefix_hit_rate = report.prompt_tokens ? double(report.cached_tokens) / double(report.prompt_tokens) : 0;
+  report.returning_hit_rate = report.returning_prompt_tokens
+                                  ? double(report.returning_cached_tokens) / double(report.returning_prompt_tokens)
+                                  : 0;
+  report.tier_blocks_loaded = s.tier_blocks_loaded - before.tier_blocks_loaded;
   report.ttft_p50_ms = quantile(ttft, 0.5);
   report.ttft_p99_ms = quantile(ttft, 0.99);
   report.tpot_p50_ms = quantile(tpot, 0.5);

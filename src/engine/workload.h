@@ -6,6 +6,12 @@
 // shared-prefix: every tenant has one system prompt of prefix_tokens tokens
 //   (BOS first); request i belongs to tenant i % tenants and appends its own
 //   suffix_tokens random tokens.
+// returning: requests / turns conversations, each starting from its own
+//   prefix_tokens context; a turn sends the whole history (every earlier
+//   prompt and answer) plus suffix_tokens new tokens. Turns go round-robin
+//   over the conversations, so between two turns of one conversation all the
+//   others run (and, in a small cache, evict it): the workload of chats that
+//   come back after a pause.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,7 @@ struct WorkloadOptions {
   int32_t prefix_tokens = 384;    // shared system prompt per tenant, BOS included
   int32_t suffix_tokens = 32;     // unique tokens per request
   int32_t tenants = 1;
+  int32_t turns = 3;              // returning: turns per conversation
   int32_t max_tokens = 16;        // tokens generated per request
   int32_t concurrency = 8;        // requests in flight at once
   uint64_t seed = 1;
@@ -35,6 +42,10 @@ struct WorkloadReport {
   int64_t prefill_tokens_computed = 0;  // prompt tokens actually run through the model
   int64_t cached_tokens = 0;            // prompt tokens served by the prefix cache
   double prefix_hit_rate = 0;           // cached_tokens / prompt_tokens
+  int64_t returning_prompt_tokens = 0;  // returning: prompt tokens of turns after the first
+  int64_t returning_cached_tokens = 0;  //   of them served from a cache (memory or tiers)
+  double returning_hit_rate = 0;        //   their ratio
+  int64_t tier_blocks_loaded = 0;       // blocks loaded from KV tiers
   double ttft_p50_ms = 0, ttft_p99_ms = 0;  // exact, from every request's first token
   double tpot_p50_ms = 0;
   int64_t kv_bytes_peak = 0;
