@@ -23,6 +23,7 @@ struct BenchArgs {
   // random K/V instead of running a prefill (decode cost does not depend on
   // the values), then prefill --prompt-tokens after them.
   int32_t fill_context = 0;
+  SparsityFlags sparsity;
 };
 
 // Writes random K/V for n positions of every layer, as a prefill would.
@@ -53,10 +54,13 @@ void run(const BenchArgs& a) {
 
   ThreadPool pool(thread_count(a.common));
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
+  const SparsityOptions sparsity = sparsity_options(a.sparsity);
   KvCacheOptions kvo = kv_options(a.common, model->config().n_layers);
+  fit_kv_to_sparsity(sparsity, kvo);
   if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
   KvCache cache(c, kvo);
   Transformer transformer(*model, pool);
+  const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(sparsity, cache);
 
   // A random prompt: speed does not depend on which tokens they are.
   std::mt19937 rng(7);
@@ -68,6 +72,7 @@ void run(const BenchArgs& a) {
   BlockTable table;
   std::vector<BatchEntry> batch(1);
   batch[0].table = &table;
+  batch[0].policy = policy.get();
   Logits logits;
   if (a.fill_context > 0) fill_random_kv(cache, table, a.fill_context, c.n_layers, c.kv_dim());
   Timer timer;
@@ -96,7 +101,10 @@ void run(const BenchArgs& a) {
   const bool tied = w.classifier.data == w.token_embedding.data;
   const double weight_bytes = double(w.bytes()) - (tied ? 0.0 : double(w.token_embedding.bytes()));
   const double mean_ctx = a.fill_context + a.prompt_tokens + (a.gen_tokens + 1) / 2.0;
-  const double kv_bytes = mean_ctx * double(kv.bytes_per_token);
+  // What attention reads: the kept tokens (evicting policies) or the share a read-time policy chose.
+  const double kv_read = policy->evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, cache).budget)
+                                          : mean_ctx * policy->stats().read_fraction();
+  const double kv_bytes = kv_read * double(kv.bytes_per_token);
   const double decode_tok_s = a.gen_tokens / decode_s;
   const double fraction = (weight_bytes + kv_bytes) * decode_tok_s / (bandwidth * 1e9);
   cache.release(table);
@@ -115,6 +123,7 @@ void run(const BenchArgs& a) {
   j["threads"] = pool.num_threads();
   j["kv_dtype"] = kv_description(cache);
   j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
+  j.update(sparsity_json(resolve_sparsity_options(sparsity, cache), policy->stats()));
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -138,6 +147,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--fill-context", a->fill_context,
                   "speed only: positions of random K/V placed before the prompt instead of a long prefill")
       ->capture_default_str();
+  add_sparsity_options(*cmd, a->sparsity);
   cmd->callback([a] { run(*a); });
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/paged_attention.h"
+#include "attention/sparsity_policy.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "util/aligned_buffer.h"
@@ -23,6 +24,10 @@ struct BatchEntry {
   BlockTable* table = nullptr;       // the sequence's KV; new tokens go at table->num_tokens
   std::span<const int32_t> tokens;   // new tokens to run
   bool all_logits = false;           // logits for every new token, not only the last
+  // The sequence's KV sparsity policy (issue 4), owned by the caller, one per
+  // sequence; nullptr = full attention. It sees the pass (sparsity_policy.h)
+  // and, when it evicts, shrinks the table after the pass.
+  SparsityPolicy* policy = nullptr;
 };
 
 // Logits of a forward pass, one row per requested token, entries in batch order.
@@ -46,10 +51,11 @@ class Transformer {
   Transformer(const Model& model, ThreadPool& pool);
 
   // Runs the new tokens of every entry, appending their K/V to the cache and
-  // advancing each table's num_tokens.
+  // advancing each table's num_tokens; then lets each entry's policy evict.
   // REQUIRES: cache.reserve(*entry.table, entry.tokens.size()) succeeded for
-  // every entry; tables are distinct. Throws kvserve::Error when a position
-  // would pass the model's context length or a token id is out of range.
+  // every entry; tables are distinct. Throws kvserve::Error when a RoPE
+  // position would pass the model's context length (positions within the
+  // cache never do while the cache is smaller) or a token id is out of range.
   void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
 
   const ModelConfig& config() const { return config_; }
@@ -77,6 +83,14 @@ class Transformer {
   AlignedBuffer<float> rows_;   // (rows, dim) final hidden states of the tokens that want logits
   std::vector<AttentionScratch> scratch_;  // (threads)
   KvObserver observer_;
+
+  // Sparsity policies' per-thread scratch.
+  struct PolicyScratch {
+    std::vector<int32_t> blocks;  // blocks a query reads
+    std::vector<float> weights;   // (n_ctx) attention weights for observe()
+  };
+  std::vector<PolicyScratch> policy_scratch_;  // (threads)
+  std::vector<float> key_after_rope_;          // (kv_dim) a pre-RoPE key rotated for on_kv()
 };
 
 }  // namespace kvserve
