@@ -12,6 +12,7 @@
 #include <random>
 
 #include "attention/paged_attention.h"
+#include "test_support.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -193,6 +194,155 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(n.begin(), n.end(), '+', '_');
       return n;
     });
+
+TEST(Compaction, ReturnsEmptiedBlocksAndStagingSlotsExactly) {
+  const ModelConfig c = small_model();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.set_dtype(KvDType::INT8);
+  o.residual = 8;  // two blocks of FP16 staging
+  KvCache cache(c, o);
+  std::mt19937 rng(3);
+  BlockTable t;
+  append_tokens(cache, t, c, 30, rng);  // 8 blocks: 0-5 encoded, 6-7 staged
+  ASSERT_EQ(t.blocks, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // Staging slots are recycled LIFO as blocks seal: the open blocks hold 0 and 1.
+  EXPECT_EQ(t.staging, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, 0, 1}));
+  KvStats before = cache.stats();
+  EXPECT_EQ(before.blocks_used, 8);
+  EXPECT_EQ(before.staging_used, 2);
+
+  // Evict the 9 oldest tokens of every (layer, head): 21 remain, 6 blocks.
+  std::vector<int32_t> slots;
+  for (int r = 0; r < c.n_layers * c.n_kv_heads; ++r)
+    for (int32_t s = 0; s < 9; ++s) slots.push_back(s);
+  cache.evict(t, slots, 9);
+  EXPECT_EQ(cache.stats().tokens_stored, 21);
+  EXPECT_EQ(cache.stats().blocks_used, 8);  // marked only
+  ASSERT_TRUE(cache.compact(t));
+  EXPECT_EQ(t.blocks, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  // 21 tokens: blocks 0-3 stay encoded, 4-5 return to FP16 staging (the
+  // window is the newest 8 tokens again) in fresh slots 2 and 3; the slots of
+  // the dropped blocks 6 and 7 are read while copying, then freed.
+  EXPECT_EQ(cache.sealed_blocks(21), 4);
+  EXPECT_EQ(t.staging, (std::vector<int32_t>{-1, -1, -1, -1, 2, 3}));
+  const KvStats after = cache.stats();
+  EXPECT_EQ(after.blocks_used, 6);
+  EXPECT_EQ(after.blocks_free, 4);
+  EXPECT_EQ(after.staging_used, 2);
+  EXPECT_EQ(after.tokens_stored, 21);
+  EXPECT_EQ(after.tokens_evicted, 9);
+  EXPECT_EQ(after.compactions, 1);
+  EXPECT_EQ(after.bytes_used, 6 * after.bytes_per_block + 2 * after.staging_bytes_per_block);
+  EXPECT_EQ(before.bytes_used - after.bytes_used, 2 * after.bytes_per_block);
+  // Freed blocks went to the tail of the free queue: 8 and 9 come first.
+  BlockTable u;
+  ASSERT_TRUE(cache.reserve(u, 12));
+  EXPECT_EQ(u.blocks, (std::vector<int32_t>{8, 9, 6}));
+  // The positions moved with the tokens; the next token's is 30.
+  EXPECT_EQ(cache.slot_position(t, 1, 1, 0), 9);
+  EXPECT_EQ(cache.slot_position(t, 0, 0, 20), 29);
+  EXPECT_EQ(t.position_of_new(t.num_tokens), 30);
+  cache.release(u);
+  cache.release(t);
+  EXPECT_EQ(cache.stats().blocks_used, 0);
+  EXPECT_EQ(cache.stats().staging_used, 0);
+  EXPECT_EQ(cache.stats().tokens_stored, 0);
+}
+
+TEST(Compaction, TokensLeavingEncodedBlocksForStagingRoundToFp16Only) {
+  // Evicting inside the residual window pulls encoded tokens back into FP16
+  // staging: their decoded values survive up to fp16 rounding.
+  const ModelConfig c = small_model();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.set_dtype(KvDType::INT8);
+  o.residual = 4;
+  KvCache cache(c, o), full(c, o);
+  std::mt19937 a(9), b(9);
+  BlockTable t, f;
+  append_tokens(cache, t, c, 14, a);  // blocks 0-2 encoded, 3 staged (slots 12, 13)
+  append_tokens(full, f, c, 14, b);
+  std::vector<int32_t> slots;
+  for (int r = 0; r < c.n_layers * c.n_kv_heads; ++r)
+    for (int32_t s : {10, 11, 12}) slots.push_back(s);
+  cache.evict(t, slots, 3);
+  ASSERT_TRUE(cache.compact(t));
+  ASSERT_EQ(t.num_tokens, 11);  // blocks 0-1 encoded, block 2 staged: slots 8, 9 (encoded before), 10 (slot 13)
+  EXPECT_EQ(cache.k_view(0, t, 2, 11).codec->dtype(), KvDType::F16);
+  for (int32_t s : {8, 9, 10}) {
+    const int32_t p = s < 10 ? s : 13;
+    const std::vector<float> now = decoded(cache, t, 1, s, true), was = decoded(full, f, 1, p, true);
+    for (size_t e = 0; e < now.size(); ++e) EXPECT_NEAR(now[e], was[e], std::fabs(was[e]) * 1e-3f + 1e-6f) << s;
+  }
+}
+
+TEST(Compaction, CopiesSharedBlocksInsteadOfWritingThem) {
+  const ModelConfig c = small_model();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 6;
+  KvCache cache(c, o);
+  std::mt19937 rng(4);
+  BlockTable t;
+  append_tokens(cache, t, c, 10, rng);  // blocks 0, 1, 2
+  // Another sequence shares block 0 (as a prefix cache would: one more reference).
+  BlockTable other;
+  other.blocks = {t.blocks[0]};
+  other.num_tokens = 4;
+  const_cast<BlockPool&>(cache.pool()).retain(t.blocks[0]);
+  const std::vector<float> shared_before = decoded(cache, other, 0, 1, true);
+  std::vector<int32_t> slots;
+  for (int r = 0; r < c.n_layers * c.n_kv_heads; ++r) slots.push_back(1);
+  cache.evict(t, slots, 1);
+  ASSERT_TRUE(cache.compact(t));
+  // Block 0 changed for t, so t got a fresh copy (block 3); the shared one is
+  // untouched and now only the other sequence's.
+  EXPECT_EQ(t.blocks, (std::vector<int32_t>{3, 1, 2}));
+  EXPECT_EQ(cache.pool().ref_count(0), 1);
+  EXPECT_EQ(decoded(cache, other, 0, 1, true), shared_before);
+  EXPECT_EQ(decoded(cache, t, 0, 1, true), decoded(cache, other, 0, 2, true));  // t's slot 1 is position 2
+  // Without a free block, compaction refuses and leaves the table as it was.
+  BlockTable filler;
+  ASSERT_TRUE(cache.reserve(filler, 8));  // blocks 4, 5: the pool is full
+  const_cast<BlockPool&>(cache.pool()).retain(t.blocks[0]);
+  cache.evict(t, slots, 1);  // slot 1 again: now position 2
+  const BlockTable snapshot = t;
+  EXPECT_FALSE(cache.compact(t));
+  EXPECT_EQ(t.blocks, snapshot.blocks);
+  EXPECT_EQ(t.dead, 1);
+  EXPECT_EQ(t.slot_positions, snapshot.slot_positions);
+  cache.release(filler);
+  ASSERT_TRUE(cache.compact(t));
+  EXPECT_EQ(t.num_tokens, 8);
+  const_cast<BlockPool&>(cache.pool()).release(3);
+  const_cast<BlockPool&>(cache.pool()).release(0);
+}
+
+TEST(Compaction, EvictRejectsBadSlotsAndChangesNothing) {
+  const ModelConfig c = small_model();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 4;
+  KvCache cache(c, o);
+  std::mt19937 rng(1);
+  BlockTable t;
+  append_tokens(cache, t, c, 6, rng);
+  const int rows = c.n_layers * c.n_kv_heads;
+  std::vector<int32_t> slots(size_t(rows), 2);
+  slots.back() = 6;  // out of range in the last row
+  testing_files::expect_error_containing([&] { cache.evict(t, slots, 1); }, "slot 6 of layer 1, KV head 1 is out of range");
+  EXPECT_EQ(t.dead, 0);
+  for (int32_t p : t.slot_positions) EXPECT_GE(p, 0);
+  slots.back() = 2;
+  cache.evict(t, slots, 1);
+  testing_files::expect_error_containing([&] { cache.evict(t, slots, 1); }, "already evicted");
+  EXPECT_EQ(t.dead, 1);
+  testing_files::expect_error_containing([&] { cache.evict(t, slots, 2); }, "slots given");
+  cache.release(t);
+}
 
 }  // namespace
 }  // namespace kvserve

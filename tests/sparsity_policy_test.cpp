@@ -48,6 +48,10 @@ class Driver {
     ASSERT_TRUE(cache->reserve(table, 1));
     policy->begin_forward(*cache, table, 1);
     const int32_t n_ctx = table.num_tokens + 1, q = table.position_of_new(table.num_tokens);
+    if (policy->wants_kv()) {  // keys zero; every value element = value_of(position)
+      const std::vector<float> k(8, 0.0f), v(8, value_of(q));
+      policy->on_kv(0, table.num_tokens, k.data(), v.data());
+    }
     std::vector<float> w(static_cast<size_t>(n_ctx));
     for (int h = 0; h < 2; ++h) {
       for (int32_t s = 0; s < n_ctx; ++s) {
@@ -73,6 +77,7 @@ class Driver {
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<SparsityPolicy> policy;
   BlockTable table;
+  std::function<float(int32_t)> value_of = [](int32_t) { return 1.0f; };
 };
 
 const Pattern kUniform = [](int, int32_t, int32_t) { return 0.1f; };
@@ -180,6 +185,23 @@ TEST(H2oPolicy, MeanScoreForgetsTokensNoLongerAttended) {
   Driver mean(o);
   mean.steps(14, fading);
   EXPECT_EQ(mean.kept(0), (std::vector<int32_t>{6, 12, 13}));
+}
+
+TEST(H2oPolicy, ValueNormDropsASinkWhoseValueIsNearZero) {
+  // Position 0 takes most of the attention (a sink) but its value is tiny;
+  // position 2 takes less attention and carries a real value.
+  const Pattern sink = [](int, int32_t, int32_t p) { return p == 0 ? 0.8f : p == 2 ? 0.3f : 0.01f; };
+  SparsityOptions o = policy("h2o", 2);
+  o.window = 1;
+  Driver plain(o);
+  plain.value_of = [](int32_t p) { return p == 0 ? 0.001f : 1.0f; };
+  plain.steps(8, sink);
+  EXPECT_EQ(plain.kept(0), (std::vector<int32_t>{0, 7}));
+  o.value_weighted = true;
+  Driver weighted(o);
+  weighted.value_of = plain.value_of;
+  weighted.steps(8, sink);
+  EXPECT_EQ(weighted.kept(0), (std::vector<int32_t>{2, 7}));
 }
 
 TEST(SnapKvPolicy, ScoresByTheObservationWindowOnly) {

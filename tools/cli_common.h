@@ -59,7 +59,8 @@ struct SparsityFlags {
   std::string scope, score, positions;  // empty = not given
 };
 // Adds --kv-policy, --kv-budget, --kv-sinks, --kv-window, --kv-observe,
-// --kv-pool, --kv-horizon, --kv-scope, --kv-score, --kv-positions, --kv-compact-slack.
+// --kv-pool, --kv-horizon, --kv-scope, --kv-score, --kv-value-norm, --kv-positions,
+// --kv-compact-slack.
 void add_sparsity_options(CLI::App& cmd, SparsityFlags& flags);
 // The parsed options. Throws kvserve::Error on an unknown name.
 SparsityOptions sparsity_options(const SparsityFlags& flags);

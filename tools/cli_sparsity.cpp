@@ -14,7 +14,8 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
   cmd.add_option("--kv-pool", o.pool, "snapkv: max-pool width over neighbouring tokens (odd; 1 = none)")->capture_default_str();
   cmd.add_option("--kv-horizon", o.horizon, "h2o/snapkv: evict tokens further back than this first (0 = no horizon)");
   cmd.add_option("--kv-scope", f.scope, "h2o/snapkv: head (a keep set per layer and KV head, default) | aggregate");
-  cmd.add_option("--kv-score", f.score, "h2o: sum (attention received, default) | mean (per query since arrival) | value (sum x value norm)");
+  cmd.add_option("--kv-score", f.score, "h2o: sum (attention received, default) | mean (per query since arrival)");
+  cmd.add_flag("--kv-value-norm", o.value_weighted, "h2o/snapkv: weight attention scores by the value's L1 norm (VATP)");
   cmd.add_option("--kv-positions", f.positions, "RoPE positions after eviction: original | cache (default: cache for sinks)");
   cmd.add_option("--kv-compact-slack", o.compact_slack, "evicted slots left in place before compacting (default one block)");
 }

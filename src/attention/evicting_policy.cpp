@@ -1,6 +1,7 @@
 #include "attention/evicting_policy.h"
 
 #include <cassert>
+#include <cmath>
 
 namespace kvserve {
 
@@ -11,7 +12,25 @@ EvictingPolicy::EvictingPolicy(const SparsityOptions& options, const KvCache& ca
       head_dim_(cache.k_codec(0).shape().head_dim),
       rows_(n_layers_ * n_kv_heads_),
       block_size_(cache.block_size()),
-      positions_in_cache_(options.positions == SparsityPositions::Cache) {}
+      positions_in_cache_(options.positions == SparsityPositions::Cache) {
+  if (options.value_weighted) track(&value_norm_);
+}
+
+void EvictingPolicy::on_kv(int layer, int32_t slot, const float* k, const float* v) {
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    float norm = 0;
+    for (int d = 0; d < head_dim_; ++d) norm += std::fabs(v[h * head_dim_ + d]);
+    value_norm_[at(slot, layer * n_kv_heads_ + h)] = norm;
+  }
+}
+
+float EvictingPolicy::value_weight(int32_t slot, int row) const {
+  if (!options_.value_weighted) return 1.0f;
+  if (row >= 0) return value_norm_[at(slot, row)];
+  float norm = 0;
+  for (int r = 0; r < rows_; ++r) norm += value_norm_[at(slot, r)];
+  return norm;
+}
 
 void EvictingPolicy::begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) {
   if (table.num_tokens == 0 && table.evicted == 0) table.positions_in_cache = positions_in_cache_;

@@ -33,6 +33,8 @@ class EvictingPolicy : public SparsityPolicy {
   EvictingPolicy(const SparsityOptions& options, const KvCache& cache);
 
   bool evicts() const override { return true; }
+  bool wants_kv() const override { return options_.value_weighted; }
+  void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) override;
   void after_forward(KvCache& cache, BlockTable& table, int32_t n_new) override;
   int64_t max_tokens_held(int32_t chunk) const override;
@@ -57,6 +59,9 @@ class EvictingPolicy : public SparsityPolicy {
   size_t at(int32_t slot, int row) const { return size_t(slot) * size_t(rows_) + size_t(row); }
   // How many of `live` (sorted by position) are protected sinks: positions < sinks.
   int32_t sink_count(std::span<const LiveToken> live) const;
+  // The weight of a token's attention score: the L1 norm of its value in
+  // `row` (or summed over rows for row -1) when value_weighted, else 1.
+  float value_weight(int32_t slot, int row) const;
 
   SparsityOptions options_;
   int n_layers_, n_kv_heads_, head_dim_, rows_;
@@ -66,6 +71,7 @@ class EvictingPolicy : public SparsityPolicy {
 
  private:
   std::vector<std::vector<float>*> tracked_;
+  std::vector<float> value_norm_;  // (slot, row) L1 norm of the token's value, when value_weighted
   // Appends to chosen_ the `count` tokens of live_ to evict: past the
   // horizon first, then the strategy's choice among the others.
   void choose_row(int row, int32_t count);

@@ -1,21 +1,11 @@
 #include "attention/h2o_policy.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace kvserve {
 
 H2oPolicy::H2oPolicy(const SparsityOptions& options, const KvCache& cache) : EvictingPolicy(options, cache) {
   track(&score_);
-  if (options.score == H2oScore::Value) track(&value_norm_);
-}
-
-void H2oPolicy::on_kv(int layer, int32_t slot, const float* k, const float* v) {
-  for (int h = 0; h < n_kv_heads_; ++h) {
-    float norm = 0;
-    for (int d = 0; d < head_dim_; ++d) norm += std::fabs(v[h * head_dim_ + d]);
-    value_norm_[at(slot, layer * n_kv_heads_ + h)] = norm;
-  }
 }
 
 void H2oPolicy::observe(int layer, int kv_head, const float* weights, int32_t n_ctx) {
@@ -38,11 +28,7 @@ void H2oPolicy::choose(int row, std::span<const LiveToken> live, int32_t count, 
       for (int r = 0; r < rows_; ++r) v += score_[at(slot, r)];
     }
     if (options_.score == H2oScore::Mean) v /= float(newest_position_ - live[size_t(i)].position + 1);
-    if (options_.score == H2oScore::Value) {
-      float norm = 0;
-      for (int r = row < 0 ? 0 : row; r < (row < 0 ? rows_ : row + 1); ++r) norm += value_norm_[at(slot, r)];
-      v *= norm;
-    }
+    v *= value_weight(slot, row);
     value_[size_t(i)] = v;
     order_.push_back(i);
   }

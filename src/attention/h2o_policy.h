@@ -22,8 +22,6 @@ class H2oPolicy final : public EvictingPolicy {
 
   std::string_view name() const override { return "h2o"; }
   bool wants_attention_weights() const override { return true; }
-  bool wants_kv() const override { return options_.score == H2oScore::Value; }
-  void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void observe(int layer, int kv_head, const float* weights, int32_t n_ctx) override;
 
  protected:
@@ -31,7 +29,6 @@ class H2oPolicy final : public EvictingPolicy {
 
  private:
   std::vector<float> score_;      // (slot, row) attention received so far
-  std::vector<float> value_norm_; // (slot, row) L1 norm of the value (score Value only)
   std::vector<int32_t> order_;    // scratch: candidate indices
   std::vector<float> value_;      // scratch: candidate scores
 };

@@ -32,7 +32,7 @@ void SnapKvPolicy::choose(int row, std::span<const LiveToken> live, int32_t coun
         for (int k = 0; k < rows_; ++k) v += r[at(slot, k)];
       }
     }
-    raw_[i] = v;
+    raw_[i] = v * value_weight(slot, row);
   }
   // Max-pool over neighbouring live tokens (slot order is position order).
   const int half = options_.pool / 2;

@@ -29,6 +29,7 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   if (o.compact_slack < 0) fail("--kv-compact-slack must be >= 0 (got {})", o.compact_slack);
   if (o.horizon < 0) fail("--kv-horizon must be >= 0 (got {})", o.horizon);
   if (o.horizon > 0 && p != "h2o" && p != "snapkv") fail("--kv-horizon applies to h2o and snapkv");
+  if (o.value_weighted && p != "h2o" && p != "snapkv") fail("--kv-value-norm applies to h2o and snapkv");
   if (o.sinks < -1 || o.window < -1 || o.observe < -1 || o.observe == 0)
     fail("--kv-sinks, --kv-window and --kv-observe must be positive when given");
   if (o.sinks < 0) o.sinks = p == "sinks" ? 4 : 0;
@@ -65,8 +66,7 @@ SparsityScope parse_sparsity_scope(std::string_view name) {
 H2oScore parse_h2o_score(std::string_view name) {
   if (name == "sum") return H2oScore::Sum;
   if (name == "mean") return H2oScore::Mean;
-  if (name == "value") return H2oScore::Value;
-  fail("unknown --kv-score '{}' (expected sum, mean or value)", name);
+  fail("unknown --kv-score '{}' (expected sum or mean)", name);
 }
 
 SparsityPositions parse_sparsity_positions(std::string_view name) {
@@ -92,7 +92,8 @@ std::string describe(const SparsityOptions& options) {
   s += fmt::format(" (sinks {}, window {}", o.sinks, o.window);
   if (o.policy == "h2o" || o.policy == "snapkv")
     s += o.scope == SparsityScope::Head ? ", per head" : ", aggregate";
-  if (o.policy == "h2o") s += o.score == H2oScore::Sum ? ", sum" : o.score == H2oScore::Mean ? ", mean" : ", value";
+  if (o.policy == "h2o") s += o.score == H2oScore::Sum ? ", sum" : ", mean";
+  if (o.value_weighted) s += " x value norm";
   if (o.policy == "snapkv") s += fmt::format(", observe {}, pool {}", o.observe, o.pool);
   if (o.horizon > 0) s += fmt::format(", horizon {}", o.horizon);
   s += o.positions == SparsityPositions::Cache ? ", cache positions)" : ")";

@@ -51,8 +51,6 @@ enum class SparsityScope : uint8_t {
 enum class H2oScore : uint8_t {
   Sum,   // the sum over every query since the token arrived (H2O)
   Mean,  // that sum divided by the number of those queries (no bias toward old tokens)
-  Value, // the sum times the L1 norm of the token's value (VATP): attention to a
-         // near-zero value (a sink) changes nothing and should not keep the token
 };
 // The positions RoPE sees after eviction.
 enum class SparsityPositions : uint8_t {
@@ -73,6 +71,10 @@ struct SparsityOptions {
                                 // evicted first, oldest first (sinks excepted); 0 = no horizon
   SparsityScope scope = SparsityScope::Head;
   H2oScore score = H2oScore::Sum;
+  // h2o/snapkv: multiply a token's attention score by the L1 norm of its
+  // value (VATP): attention paid to a near-zero value (a sink) moves the
+  // output little, so it should not keep the token.
+  bool value_weighted = false;
   SparsityPositions positions = SparsityPositions::Default;
   int32_t compact_slack = 0;    // evicted slots left in place before compacting; 0 = one block
                                 // (compaction then always frees a block)
