@@ -99,7 +99,7 @@ TEST(SparseAttention, OneKeySelectedReturnsItsValue) {
 }
 
 TEST(SparseAttention, RetrievalRangesJoinSinksIdsAndWindow) {
-  const std::vector<int64_t> ids{50, 3, 51, 95, 10, 10, 91};
+  const std::vector<int64_t> ids{50, 3, 51, 95, -1, 10, 10, 91, -1};  // -1: a search's padding
   EXPECT_EQ(retrieval_ranges(ids, 100, 4, 8),
             (std::vector<KeyRange>{{0, 4}, {10, 11}, {50, 52}, {91, 100}}));
   EXPECT_EQ(retrieval_ranges(ids, 100, 0, 0),
@@ -144,6 +144,7 @@ TEST(SparseAttention, BadInputsGetClearErrors) {
   expect_error_containing([&] { run({{10, 21}}); }, "passes the 20 keys");
   expect_error_containing([&] { run({{3, 3}}); }, "is empty");
   expect_error_containing([&] { (void)retrieval_ranges(std::vector<int64_t>{20}, 20, 0, 0); }, "outside [0, 20)");
+  expect_error_containing([&] { (void)retrieval_ranges(std::vector<int64_t>{-2}, 20, 0, 0); }, "id -2 is outside");
   expect_error_containing([&] { (void)retrieval_ranges({}, 20, -1, 0); }, "must be >= 0");
   HeadKv empty{};
   expect_error_containing([&] { attend_ranges(empty, q.data(), 1, 1.0f, std::vector<KeyRange>{{0, 1}}, out.data(), scratch); },

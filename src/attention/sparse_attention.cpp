@@ -167,9 +167,13 @@ void push_range(std::vector<KeyRange>& ranges, int64_t begin, int64_t end) {
 
 std::vector<KeyRange> retrieval_ranges(std::span<const int64_t> ids, int64_t n, int64_t sinks, int64_t window) {
   check_counts(n, sinks, window);
-  std::vector<int64_t> sorted(ids.begin(), ids.end());
-  for (int64_t id : sorted)
+  std::vector<int64_t> sorted;
+  sorted.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (id == -1) continue;
     if (id < 0 || id >= n) fail("sparse attention: retrieved key id {} is outside [0, {})", id, n);
+    sorted.push_back(id);
+  }
   std::sort(sorted.begin(), sorted.end());
   const int64_t window_begin = std::max<int64_t>(0, n - window);
   std::vector<KeyRange> ranges;

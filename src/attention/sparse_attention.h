@@ -56,7 +56,9 @@ void attend_ranges_reference(const HeadKv& kv, const float* q, int group, float 
 // The keys a retrieval step attends to: the first `sinks` keys, the last
 // `window` keys and the retrieved ids (any order, duplicates allowed, e.g.
 // the union of a GQA group's searches), as sorted disjoint ranges of [0, n).
-// Throws kvserve::Error for an id outside [0, n) or a negative count.
+// Ids of -1 (a search that found fewer than k keys pads with them) are
+// skipped. Throws kvserve::Error for another id outside [0, n) or a negative
+// count.
 [[nodiscard]] std::vector<KeyRange> retrieval_ranges(std::span<const int64_t> ids, int64_t n, int64_t sinks,
                                                      int64_t window);
 // The keys of the chosen blocks (ascending, as BlockSummary::select returns
