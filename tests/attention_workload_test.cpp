@@ -54,7 +54,9 @@ TEST(AttentionWorkload, RealConcatenatesTheLastHeadsAndDropsRepeatedBos) {
         EXPECT_EQ(w.values[size_t(i) * 8 + size_t(part) * 4 + size_t(j)], 3e6f + code);
       }
   // 64 tokens hold 57 usable ones; 37 remain after the keys: queries every 12th.
-  const int64_t query_token[3] = {22, 36, 50};  // usable tokens 20, 32, 44
+  // After the keys (up to token 21): chunk positions 7 first (tokens 23, 31,
+  // 39, ...), so the three steps are tokens 23, 31 and 39.
+  const int64_t query_token[3] = {23, 31, 39};
   for (int i = 0; i < 3; ++i)
     for (int g = 0; g < 2; ++g)
       for (int part = 0; part < 2; ++part)

@@ -322,7 +322,7 @@ void add_attention_bench_options(CLI::App& cmd, AttentionBenchArgs& a) {
   cmd.add_option("--ivf-nlist", a.ivf_nlist, "IVF-PQ lists")->capture_default_str();
   cmd.add_option("--ivf-train-keys", a.ivf_train_keys, "IVF-PQ trains on the first this many keys")->capture_default_str();
   cmd.add_option("--compare-transforms", a.compare_transforms,
-                 "also measure inner-product search and query-trained IVF clusters at the smallest context")
+                 "also measure inner-product search and query-trained IVF clusters at the smallest context and head dim")
       ->capture_default_str();
   cmd.add_option("--append-keys", a.append_keys, "keys appended one at a time after the bulk build")->capture_default_str();
   cmd.add_option("--flush-mib", a.flush_mib, "cache flush before each step, in MiB (0 = warm caches)")->capture_default_str();
@@ -362,6 +362,7 @@ void run_attention_bench(const AttentionBenchArgs& a, const CommonOptions& commo
     rows.push_back(std::move(row));
   };
   const int64_t smallest = *std::min_element(sizes.begin(), sizes.end());
+  const int64_t smallest_dim = *std::min_element(dims.begin(), dims.end());
   for (const std::string& kind : kinds)
     for (int64_t d : dims)
       for (int64_t n : sizes) {
@@ -413,7 +414,7 @@ void run_attention_bench(const AttentionBenchArgs& a, const CommonOptions& commo
 
         // ann: HNSW and IVF-PQ over the keys.
         std::vector<std::pair<MipsTransform, bool>> variants{{MipsTransform::L2Augment, false}};
-        if (a.compare_transforms && n == smallest) {
+        if (a.compare_transforms && n == smallest && d == smallest_dim) {
           variants.push_back({MipsTransform::InnerProduct, false});
           variants.push_back({MipsTransform::L2Augment, true});  // IVF clusters from queries
         }

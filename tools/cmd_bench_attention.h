@@ -24,24 +24,25 @@ struct AttentionBenchArgs {
   std::string keys = "16384,65536,131072";     // context lengths, in keys
   std::string head_dims = "64,128";
   int group = 1;                               // query heads per KV head
-  int queries = 32;                            // decode steps per configuration
+  int queries = 24;                            // decode steps per configuration
   int recall_k = 32;
   int sinks = 16;                              // first keys always attended (retrieval and topk)
   int window = 64;                             // last keys always attended
   int block_size = 16;                         // Quest block, in tokens
-  std::string topk_budgets = "1024,2048,4096"; // tokens of blocks Quest reads
+  std::string topk_budgets = "1024,2048,4096,8192"; // tokens of blocks Quest reads
   std::string hnsw_ef = "32,64,128,256";       // ef_search; the search returns ef keys
   int hnsw_m = 16;
   int hnsw_ef_construction = 100;
-  std::string ivf_nprobe = "8,16,32";
+  std::string ivf_nprobe = "8,32";
   std::string ivf_candidates = "256,1024";     // keys IVF-PQ returns for exact rescoring
   int ivf_nlist = 256;
   int64_t ivf_train_keys = 10240;             // >= 39 per PQ centroid, as faiss asks
   // Also measure the other MIPS formulations (inner-product metric; IVF
-  // clusters trained on queries) at the smallest context of each workload.
+  // clusters trained on queries) at the smallest context and head dim of
+  // each workload.
   bool compare_transforms = true;
   int64_t append_keys = 1024;                  // keys appended one at a time after the bulk build
-  int64_t flush_mib = 512;                     // cache flush before each step; 0 = warm caches
+  int64_t flush_mib = 256;                     // cache flush before each step (> the L3); 0 = warm caches
 };
 
 void add_attention_bench_options(CLI::App& cmd, AttentionBenchArgs& a);

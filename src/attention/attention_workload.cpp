@@ -124,11 +124,16 @@ AttentionWorkload workload_from_dump(const QkDump& d, const WorkloadShape& s) {
   for (int64_t i = 0; i < int64_t(w.prompt_queries.size()) / s.head_dim; ++i)
     concat_row(d, pairs, tokens[size_t(i)], [&](int l, int h) { return d.queries(l, h * gqa); },
                w.prompt_queries.data() + size_t(i) * s.head_dim);
-  // Decode queries spread over the tokens after the keys.
-  const int64_t stride = (int64_t(tokens.size()) - s.n_keys) / s.n_queries;
+  // Decode queries from the tokens after the keys, latest chunk positions
+  // first: a query at position p scores keys of other chunks at their own
+  // positions, and only p = chunk - 1 sees every key at an offset (p − key
+  // position >= 0) the model was trained on.
+  std::vector<int64_t> after(tokens.begin() + s.n_keys, tokens.end());
+  std::stable_sort(after.begin(), after.end(),
+                   [&](int64_t a, int64_t b) { return a % d.chunk > b % d.chunk; });
   for (int i = 0; i < s.n_queries; ++i)
     for (int g = 0; g < s.group; ++g)
-      concat_row(d, pairs, tokens[size_t(s.n_keys + i * stride)], [&](int l, int h) { return d.queries(l, h * gqa + g); },
+      concat_row(d, pairs, after[size_t(i)], [&](int l, int h) { return d.queries(l, h * gqa + g); },
                  w.queries.data() + (size_t(i) * s.group + size_t(g)) * s.head_dim);
   return w;
 }

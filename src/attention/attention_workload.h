@@ -59,7 +59,8 @@ struct AttentionWorkload {
 
 // "real": the last head_dim / dump.head_dim (layer, KV head) pairs of the dump,
 // concatenated; keys and values from the first n_keys tokens (BOS copies
-// dropped), queries from tokens spread over the rest. Throws kvserve::Error when head_dim is not a
+// dropped), queries from the rest: the last position of each later chunk
+// first (it sees every key at a non-negative offset), then the one before. Throws kvserve::Error when head_dim is not a
 // multiple of the dump's, needs more pairs than it has, group exceeds its GQA
 // group, or it holds fewer than n_keys + n_queries tokens.
 [[nodiscard]] AttentionWorkload workload_from_dump(const QkDump& dump, const WorkloadShape& shape);
