@@ -1,6 +1,7 @@
 // Long-context workloads: the real one is exactly the dump's heads
-// concatenated (BOS copies dropped), the fitted one has the dump's mean, the
-// synthetic one is deterministic and as sharp as it claims.
+// concatenated (BOS copies dropped) and re-rotated to sequence positions,
+// the fitted one has the dump's mean, the synthetic one is deterministic and
+// as sharp as it claims.
 #include "attention/attention_workload.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "attention/retrieval_metrics.h"
+#include "kernels/vector_ops.h"
 #include "test_support.h"
 
 namespace kvserve {
@@ -38,33 +40,44 @@ QkDump coded_dump() {
   return d;
 }
 
-TEST(AttentionWorkload, RealConcatenatesTheLastHeadsAndDropsRepeatedBos) {
+TEST(AttentionWorkload, RealConcatenatesHeadsDropsRepeatedBosAndMovesToSequencePositions) {
   const QkDump d = coded_dump();
   const WorkloadShape s{20, 8, 2, 3, 1};
   const AttentionWorkload w = workload_from_dump(d, s);
   EXPECT_EQ(w.kind, "real");
   EXPECT_FLOAT_EQ(w.scale, 1.0f / std::sqrt(8.0f));
-  // Usable tokens: 0..7, then 9..15, 17..23 (tokens 8 and 16 are BOS copies).
-  const int64_t token_of[20] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21};
-  for (int64_t i = 0; i < 20; ++i)
-    for (int part = 0; part < 2; ++part)  // the last 2 (layer, KV head) pairs: layer 1, heads 0 and 1
-      for (int j = 0; j < 4; ++j) {
-        const float code = float(1e5 + part * 1e4 + token_of[i] * 10 + j);
-        EXPECT_EQ(w.keys[size_t(i) * 8 + size_t(part) * 4 + size_t(j)], 2e6f + code);
-        EXPECT_EQ(w.values[size_t(i) * 8 + size_t(part) * 4 + size_t(j)], 3e6f + code);
-      }
-  // 64 tokens hold 57 usable ones; 37 remain after the keys: queries every 12th.
-  // After the keys (up to token 21): chunk positions 7 first (tokens 23, 31,
-  // 39, ...), so the three steps are tokens 23, 31 and 39.
-  const int64_t query_token[3] = {23, 31, 39};
+  // Usable tokens: 0..7, then 9..15, 17..23, 25.. (8, 16, 24 are BOS copies).
+  const int64_t token_of[23] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 25};
+  // The last 2 (layer, KV head) pairs: layer 1, heads 0 and 1, side by side.
+  auto concat = [&](float kind, int64_t t, int head0) {
+    std::vector<float> row(8);
+    for (int part = 0; part < 2; ++part)
+      for (int j = 0; j < 4; ++j) row[size_t(part * 4 + j)] = float(kind + 1e5 + (head0 + part) * 1e4 + t * 10 + j);
+    return row;
+  };
+  for (int64_t i = 0; i < 20; ++i) {
+    const int64_t t = token_of[i];
+    EXPECT_EQ(std::vector<float>(w.values.begin() + i * 8, w.values.begin() + (i + 1) * 8), concat(3e6f, t, 0));
+    // Keys move from chunk position t % 8 to sequence position i.
+    std::vector<float> key = concat(2e6f, t, 0);
+    rope(key.data(), 2, 4, int(i - t % 8), d.rope_theta);
+    EXPECT_EQ(std::vector<float>(w.keys.begin() + i * 8, w.keys.begin() + (i + 1) * 8), key) << "key " << i;
+    if (i < 8) {
+      EXPECT_EQ(key, concat(2e6f, t, 0)) << "the first chunk is already in place";
+    }
+  }
+  // Queries: tokens 22, 23, 25 at sequence positions 20, 21, 22; member g
+  // takes query head (KV head) * gqa + g.
   for (int i = 0; i < 3; ++i)
-    for (int g = 0; g < 2; ++g)
+    for (int g = 0; g < 2; ++g) {
+      const int64_t t = token_of[20 + i];
+      std::vector<float> q(8);
       for (int part = 0; part < 2; ++part)
-        EXPECT_EQ(w.query(i)[g * 8 + part * 4],
-                  float(1e6 + 1e5 + (part * 2 + g) * 1e4 + query_token[i] * 10))  // query head h * gqa + g
-            << "step " << i << " member " << g;
+        for (int j = 0; j < 4; ++j) q[size_t(part * 4 + j)] = float(1e6 + 1e5 + (part * 2 + g) * 1e4 + t * 10 + j);
+      rope(q.data(), 2, 4, int(20 + i - t % 8), d.rope_theta);
+      EXPECT_EQ(std::vector<float>(w.query(i) + g * 8, w.query(i) + g * 8 + 8), q) << "step " << i << " member " << g;
+    }
   ASSERT_EQ(w.prompt_queries.size(), size_t(20) * 8);
-  EXPECT_EQ(w.prompt_queries[size_t(8) * 8 + 4], float(1e6 + 1e5 + 2 * 1e4 + 9 * 10));  // token 9, head 2
 }
 
 TEST(AttentionWorkload, BadShapesGetClearErrors) {

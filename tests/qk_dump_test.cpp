@@ -30,6 +30,7 @@ QkDump small_dump() {
   d.n_kv_heads = 2;
   d.head_dim = 8;
   d.chunk = 5;
+  d.rope_theta = 500.0f;
   d.n_tokens = 10;
   d.allocate();
   std::iota(d.q.begin(), d.q.end(), 0.5f);
@@ -42,14 +43,15 @@ TEST(QkDump, RoundTripsExactly) {
   const QkDump d = small_dump();
   const std::string path = temp_path("round_trip.qk");
   write_qk_dump(path, d);
-  // 40-byte header + (2*4 + 2*2*2) * 10 tokens * 8 dims floats.
-  EXPECT_EQ(read_all(path).size(), 40u + size_t(2 * 4 + 2 * 2 * 2) * 10 * 8 * 4);
+  // 44-byte header + (2*4 + 2*2*2) * 10 tokens * 8 dims floats.
+  EXPECT_EQ(read_all(path).size(), 44u + size_t(2 * 4 + 2 * 2 * 2) * 10 * 8 * 4);
   const QkDump r = read_qk_dump(path);
   EXPECT_EQ(r.n_layers, 2);
   EXPECT_EQ(r.n_heads, 4);
   EXPECT_EQ(r.n_kv_heads, 2);
   EXPECT_EQ(r.head_dim, 8);
   EXPECT_EQ(r.chunk, 5);
+  EXPECT_EQ(r.rope_theta, 500.0f);
   EXPECT_EQ(r.n_tokens, 10);
   EXPECT_EQ(r.q, d.q);
   EXPECT_EQ(r.k, d.k);
@@ -85,6 +87,11 @@ TEST(QkDump, BadFilesGetClearErrors) {
   odd.allocate();
   write_qk_dump(path, odd);
   expect_error_containing([&] { (void)read_qk_dump(path); }, "3 query heads are not a multiple of 2 KV heads");
+  bad = good;
+  bad[35] = char(0x80);  // RoPE base -0.0 (sign bit of the f32 at bytes 32..35)
+  for (int i = 32; i < 35; ++i) bad[size_t(i)] = 0;
+  write_all(path, bad);
+  expect_error_containing([&] { (void)read_qk_dump(path); }, "RoPE base");
   write_all(path, good.substr(0, 10));
   expect_error_containing([&] { (void)read_qk_dump(path); }, "too short");
 
@@ -114,6 +121,7 @@ TEST(QkCapture, KeysAreTheCachesAndQueriesTheModels) {
   ASSERT_EQ(d.n_tokens, int64_t(tokens.size()) / 32 * 32);
   ASSERT_EQ(d.n_layers, c.n_layers);
   ASSERT_EQ(d.head_dim, c.head_dim());
+  ASSERT_EQ(d.rope_theta, c.rope_theta);
   const int hd = d.head_dim;
 
   // Chunk 1 again, by hand: the cache's FP32 keys must equal the dump's.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/vector_ops.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -116,25 +117,35 @@ AttentionWorkload workload_from_dump(const QkDump& d, const WorkloadShape& s) {
          s.n_queries);
   AttentionWorkload w = empty_workload("real", s);
   const int gqa = d.n_heads / d.n_kv_heads;
+  const int parts = int(pairs.size());
+  // Row i of the sequence moves from its chunk position to position i:
+  // rotations compose, so rotating by i − (chunk position) re-places it.
+  // i >= its chunk position, since at most one token per chunk is dropped.
+  auto place = [&](float* row, int64_t i, int64_t t) {
+    rope(row, parts, d.head_dim, int(i - t % d.chunk), d.rope_theta);
+  };
   for (int64_t i = 0; i < s.n_keys; ++i) {
     const int64_t t = tokens[size_t(i)];
-    concat_row(d, pairs, t, [&](int l, int h) { return d.keys(l, h); }, w.keys.data() + size_t(i) * s.head_dim);
+    float* k = w.keys.data() + size_t(i) * s.head_dim;
+    concat_row(d, pairs, t, [&](int l, int h) { return d.keys(l, h); }, k);
+    place(k, i, t);
     concat_row(d, pairs, t, [&](int l, int h) { return d.values(l, h); }, w.values.data() + size_t(i) * s.head_dim);
   }
-  for (int64_t i = 0; i < int64_t(w.prompt_queries.size()) / s.head_dim; ++i)
-    concat_row(d, pairs, tokens[size_t(i)], [&](int l, int h) { return d.queries(l, h * gqa); },
-               w.prompt_queries.data() + size_t(i) * s.head_dim);
-  // Decode queries from the tokens after the keys, latest chunk positions
-  // first: a query at position p scores keys of other chunks at their own
-  // positions, and only p = chunk - 1 sees every key at an offset (p − key
-  // position >= 0) the model was trained on.
-  std::vector<int64_t> after(tokens.begin() + s.n_keys, tokens.end());
-  std::stable_sort(after.begin(), after.end(),
-                   [&](int64_t a, int64_t b) { return a % d.chunk > b % d.chunk; });
+  for (int64_t i = 0; i < int64_t(w.prompt_queries.size()) / s.head_dim; ++i) {
+    float* q = w.prompt_queries.data() + size_t(i) * s.head_dim;
+    concat_row(d, pairs, tokens[size_t(i)], [&](int l, int h) { return d.queries(l, h * gqa); }, q);
+    place(q, i, tokens[size_t(i)]);
+  }
+  // Decode queries: the tokens right after the keys, at their positions.
+  // Their own chunk's earlier tokens are the last keys, at the offsets the
+  // model saw them; older chunks lie further back.
   for (int i = 0; i < s.n_queries; ++i)
-    for (int g = 0; g < s.group; ++g)
-      concat_row(d, pairs, after[size_t(i)], [&](int l, int h) { return d.queries(l, h * gqa + g); },
-                 w.queries.data() + (size_t(i) * s.group + size_t(g)) * s.head_dim);
+    for (int g = 0; g < s.group; ++g) {
+      const int64_t at = s.n_keys + i, t = tokens[size_t(at)];
+      float* q = w.queries.data() + (size_t(i) * s.group + size_t(g)) * s.head_dim;
+      concat_row(d, pairs, t, [&](int l, int h) { return d.queries(l, h * gqa + g); }, q);
+      place(q, at, t);
+    }
   return w;
 }
 

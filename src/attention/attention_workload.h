@@ -5,11 +5,15 @@
 //   real       the dump's real heads concatenated: channel block j of a key
 //              is the key of (layer, KV head) pair j for the same token, of a
 //              query the matching query head's query; q·k is the sum of the
-//              real heads' scores. Tokens are the text's 512-token chunks laid
-//              end to end (positions restart every chunk; each chunk's BOS
-//              after the first is dropped, as its key is identical in every
-//              chunk), so the sequence is real short contexts concatenated,
-//              not a real long context.
+//              real heads' scores. Tokens are the text's chunks laid end to
+//              end (each chunk's BOS after the first dropped: its key is the
+//              same in every chunk), and every key and query is re-rotated
+//              from its chunk position to its position in this long sequence
+//              (RoPE rotations compose), so offsets are those of one long
+//              context. Queries are the tokens right after the keys: their
+//              own chunk's start is the last keys, at the offsets the model
+//              computed; the older chunks are real text the model never saw
+//              together, at offsets beyond its 512-token training.
 //   fit        iid Gaussian samples with the real keys', values' and queries'
 //              mean and full covariance (outlier channels and the query/key
 //              offset kept; token-to-token and cluster structure lost).
@@ -58,14 +62,14 @@ struct AttentionWorkload {
 };
 
 // "real": the last head_dim / dump.head_dim (layer, KV head) pairs of the dump,
-// concatenated; keys and values from the first n_keys tokens (BOS copies
-// dropped), queries from the rest: the last position of each later chunk
-// first (it sees every key at a non-negative offset), then the one before. Throws kvserve::Error when head_dim is not a
+// concatenated and re-rotated; keys and values from the first n_keys tokens
+// (BOS copies dropped), queries from the n_queries tokens after them. Throws kvserve::Error when head_dim is not a
 // multiple of the dump's, needs more pairs than it has, group exceeds its GQA
 // group, or it holds fewer than n_keys + n_queries tokens.
 [[nodiscard]] AttentionWorkload workload_from_dump(const QkDump& dump, const WorkloadShape& shape);
 // "fit": Gaussian samples matching the mean and covariance of every token of
-// the "real" concatenation (the group's queries jointly). Same requirements,
+// the "real" concatenation at its chunk position (the group's queries
+// jointly). Same requirements,
 // except the dump needs only 2 * head_dim tokens.
 [[nodiscard]] AttentionWorkload workload_gaussian_fit(const QkDump& dump, const WorkloadShape& shape);
 // "synthetic".

@@ -10,7 +10,7 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'Q', 'K', 'D', 'U', 'M', 'P'};
 constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderBytes = 8 + 4 + 5 * 4 + 8;
+constexpr size_t kHeaderBytes = 8 + 4 + 5 * 4 + 4 + 8;
 
 // Floats of q, then of k (= of v), for a header; fails when the shape is
 // implausible or would overflow.
@@ -46,6 +46,7 @@ void write_qk_dump(const std::string& path, const QkDump& d) {
   out.write(kMagic, 8);
   out.write(reinterpret_cast<const char*>(&kVersion), 4);
   out.write(reinterpret_cast<const char*>(fields), sizeof(fields));
+  out.write(reinterpret_cast<const char*>(&d.rope_theta), 4);
   out.write(reinterpret_cast<const char*>(&d.n_tokens), 8);
   for (const auto* buf : {&d.q, &d.k, &d.v})
     out.write(reinterpret_cast<const char*>(buf->data()), std::streamsize(buf->size() * sizeof(float)));
@@ -65,6 +66,7 @@ QkDump read_qk_dump(const std::string& path) {
   in.read(magic, 8);
   in.read(reinterpret_cast<char*>(&version), 4);
   in.read(reinterpret_cast<char*>(fields), sizeof(fields));
+  in.read(reinterpret_cast<char*>(&d.rope_theta), 4);
   in.read(reinterpret_cast<char*>(&d.n_tokens), 8);
   if (std::memcmp(magic, kMagic, 8) != 0) fail("'{}' is not a qk dump (bad magic)", path);
   if (version != kVersion) fail("'{}': qk dump version {} is not supported (expected {})", path, version, kVersion);
@@ -73,6 +75,7 @@ QkDump read_qk_dump(const std::string& path) {
   d.n_kv_heads = fields[2];
   d.head_dim = fields[3];
   d.chunk = fields[4];
+  if (!(d.rope_theta > 0.0f)) fail("'{}': RoPE base {} is not positive", path, d.rope_theta);
   const auto [nq, nk] = float_counts(d);
   const uint64_t expected = kHeaderBytes + (nq + 2 * nk) * sizeof(float);
   if (file_bytes != expected)

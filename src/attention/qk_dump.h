@@ -6,6 +6,7 @@
 //   magic      8 bytes "KVQKDUMP"
 //   version    u32 = 1
 //   n_layers, n_heads, n_kv_heads, head_dim, chunk   5 × i32
+//   rope_theta f32  the model's RoPE base (interleaved pairs, as rope())
 //   n_tokens   i64  tokens per head
 //   q          f32 (n_layers, n_heads, n_tokens, head_dim)     after RoPE
 //   k          f32 (n_layers, n_kv_heads, n_tokens, head_dim)  after RoPE
@@ -23,6 +24,7 @@ namespace kvserve {
 struct QkDump {
   int32_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int32_t chunk = 0;     // tokens per captured sequence
+  float rope_theta = 10000.0f;
   int64_t n_tokens = 0;  // tokens per head
   std::vector<float> q;  // (n_layers, n_heads, n_tokens, head_dim)
   std::vector<float> k;  // (n_layers, n_kv_heads, n_tokens, head_dim)

@@ -27,6 +27,7 @@ QkDump capture_qk(Transformer& transformer, KvCache& cache, std::span<const int3
   d.n_kv_heads = c.n_kv_heads;
   d.head_dim = hd;
   d.chunk = chunk;
+  d.rope_theta = c.rope_theta;
   d.n_tokens = chunks * chunk;
   d.allocate();
 
