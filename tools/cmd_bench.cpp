@@ -6,6 +6,7 @@
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "tools/cli_common.h"
+#include "tools/cmd_bench_attention.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
 #include "util/timer.h"
@@ -44,6 +45,7 @@ void fill_random_kv(KvCache& cache, BlockTable& table, int32_t n, int n_layers, 
 }
 
 void run(const BenchArgs& a) {
+  if (a.common.model_path.empty()) fail("--model is required (except with --attention-only)");
   if (a.prompt_tokens <= 0 || a.gen_tokens <= 0) fail("--prompt-tokens and --gen-tokens must be positive");
   if (a.batch <= 0) fail("--batch must be positive");
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
@@ -138,8 +140,10 @@ void run(const BenchArgs& a) {
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
+  auto attention = std::make_shared<AttentionBenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill/decode speed and memory-bandwidth use");
-  add_common_options(*cmd, a->common);
+  add_common_options(*cmd, a->common, false);
+  add_attention_bench_options(*cmd, *attention);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length")->capture_default_str();
   cmd->add_option("--gen-tokens", a->gen_tokens, "tokens to decode")->capture_default_str();
   cmd->add_option("--batch", a->batch, "prefill tokens per forward pass")->capture_default_str();
@@ -148,7 +152,12 @@ void register_bench(CLI::App& app) {
                   "speed only: positions of random K/V placed before the prompt instead of a long prefill")
       ->capture_default_str();
   add_sparsity_options(*cmd, a->sparsity);
-  cmd->callback([a] { run(*a); });
+  cmd->callback([a, attention] {
+    // --dump-qk and --attention-only are the long-context attention benchmark
+    // (cmd_bench_attention.cpp); without them, model speed as before.
+    if (attention->attention_only || !attention->dump_qk.empty()) run_attention_bench(*attention, a->common);
+    else run(*a);
+  });
 }
 
 }  // namespace kvserve::cli

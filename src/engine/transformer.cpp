@@ -139,6 +139,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (const BatchEntry& b : batch)
       cache.seal(layer, *b.table, b.table->num_tokens + int32_t(b.tokens.size()));
     if (observer_) observer_(layer, k_.data(), v_.data(), n);
+    if (query_observer_) query_observer_(layer, q_.data(), n);
     if (!any_sparse) {
       // One unit = one token's query heads that share one KV head.
       pool_.parallel_for(n * c.n_kv_heads, 1, [&](int64_t begin, int64_t end, int thread) {

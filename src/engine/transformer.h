@@ -44,6 +44,9 @@ struct Logits {
 // Sees the keys (after RoPE) and values of every token of every layer as they
 // are written: k, v are (n_tokens, kv_dim) floats. Used for calibration.
 using KvObserver = std::function<void(int layer, const float* k, const float* v, int64_t n_tokens)>;
+// Sees the queries (after RoPE) of every token of every layer: q is
+// (n_tokens, n_heads * head_dim) floats. Used to capture real Q/K statistics.
+using QueryObserver = std::function<void(int layer, const float* q, int64_t n_tokens)>;
 
 class Transformer {
  public:
@@ -62,6 +65,7 @@ class Transformer {
   const Model& model() const { return model_; }
   // Replaces the observer (nullptr: none).
   void set_kv_observer(KvObserver observer) { observer_ = std::move(observer); }
+  void set_query_observer(QueryObserver observer) { query_observer_ = std::move(observer); }
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
@@ -91,6 +95,7 @@ class Transformer {
   };
   std::vector<PolicyScratch> policy_scratch_;  // (threads)
   std::vector<float> key_after_rope_;          // (kv_dim) a pre-RoPE key rotated for on_kv()
+  QueryObserver query_observer_;
 };
 
 }  // namespace kvserve

@@ -61,3 +61,18 @@ add_test(NAME cli.inspect_json COMMAND ${CMAKE_COMMAND}
 add_test(NAME cli.tokenize_vocab_only_gguf COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;tokenize;--model;${KVSERVE_SHARED_DIR}/vocab/ggml-vocab-llama-spm.gguf;--file;${MODELS}/README.md;--json"
   "-DFIELDS=tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+
+# Long-context attention benchmark (issue 4): a tiny synthetic run has the
+# JSON contract; the capture writes a dump; missing inputs are clear errors.
+add_test(NAME cli.bench_attention_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--attention-only;--workloads;synthetic;--keys;2048;--head-dims;16;--queries;2;--flush-mib;0;--topk-budgets;256;--hnsw-ef;32;--ivf-nprobe;4;--ivf-candidates;64;--ivf-nlist;16;--ivf-train-keys;1024;--compare-transforms;false;--json"
+  "-DFIELDS=attention_bench;rows" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.bench_dump_qk_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--dump-qk;${CMAKE_BINARY_DIR}/cli_dump.qk;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--dump-max-tokens;512;--json"
+  "-DFIELDS=dump_qk;tokens;chunk;head_dim" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.error_attention_without_dump "need --qk-file"
+  bench --attention-only --workloads real --keys 1024)
+kvserve_error_test(cli.error_bench_without_model "--model is required"
+  bench --prompt-tokens 8)
+kvserve_error_test(cli.error_attention_bad_list "not a positive integer"
+  bench --attention-only --workloads synthetic --keys 16k)
