@@ -72,7 +72,7 @@ TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
   ASSERT_GT(tokens.size(), 50u);
   KvCache cache(model->config(), kv_options());
   const std::vector<float> full = decode_all(cache, nullptr);
-  for (const std::string name : {"full", "window", "h2o", "snapkv", "topk"}) {
+  for (const std::string name : {"full", "window", "h2o", "snapkv", "topk", "ann"}) {
     auto p = make_sparsity_policy(policy(name, name == "full" ? 0 : 1000), cache);
     EXPECT_EQ(decode_all(cache, p.get()), full) << name;
     EXPECT_EQ(p->stats().tokens_evicted, 0) << name;

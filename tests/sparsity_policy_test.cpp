@@ -1,6 +1,6 @@
 // Sparsity policies on hand-made attention patterns: the exact positions each
-// (layer, KV head) keeps, the blocks a read-time policy picks, memory freed
-// as tokens are evicted, and option errors.
+// (layer, KV head) keeps, the blocks and keys a read-time policy picks,
+// memory freed as tokens are evicted, and option errors.
 #include "attention/sparsity_policy.h"
 
 #include <gtest/gtest.h>
@@ -268,15 +268,50 @@ TEST(TopKPolicy, ReadsTheBlocksWithTheLargestBoundsAndItsOwn) {
     p->on_kv(0, slot, k.data(), v.data());
   }
   const std::vector<float> q = {2, 0, 0, 0, 1, 0, 0, 0};  // (group 2, head_dim 4), both heads along +x
-  std::vector<int32_t> blocks;
-  p->select(0, 0, q.data(), 2, 20, blocks);
-  EXPECT_EQ(blocks, (std::vector<int32_t>{2, 4}));
+  ReadSet reads;
+  p->select(0, 0, q.data(), 2, 20, reads);
+  EXPECT_EQ(reads.blocks, (std::vector<int32_t>{2, 4}));
+  EXPECT_TRUE(reads.keep.empty());
   const std::vector<float> neg = {-1, 0, 0, 0, 0, 0, 0, 0};
-  p->select(0, 1, neg.data(), 2, 20, blocks);
-  EXPECT_EQ(blocks, (std::vector<int32_t>{1, 4}));
+  p->select(0, 1, neg.data(), 2, 20, reads);
+  EXPECT_EQ(reads.blocks, (std::vector<int32_t>{1, 4}));
   // Everything fits the budget: read all (empty choice).
-  p->select(0, 0, q.data(), 2, 8, blocks);
-  EXPECT_TRUE(blocks.empty());
+  p->select(0, 0, q.data(), 2, 8, reads);
+  EXPECT_TRUE(reads.blocks.empty());
+}
+
+TEST(AnnPolicy, ReadsSinksWindowAndTheBestRetrievedKeys) {
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 12;
+  KvCache cache(two_heads(), o);
+  SparsityOptions so = policy("ann", 8);
+  so.sinks = 2;
+  so.window = 3;  // 3 keys retrieved
+  for (KeyIndexBackend backend : {KeyIndexBackend::Hnsw, KeyIndexBackend::IvfPq}) {
+    so.ann_backend = backend;
+    std::unique_ptr<SparsityPolicy> p = make_sparsity_policy(so, cache);
+    // 40 keys of head 0 along -x, except 5 and 9 (strongly +x) and 20 (+x);
+    // head 1's keys all along +y.
+    std::vector<float> k(8), v(8);
+    for (int32_t slot = 0; slot < 40; ++slot) {
+      std::fill(k.begin(), k.end(), 0.0f);
+      k[0] = slot == 5 || slot == 9 ? 3.0f : slot == 20 ? 2.0f : -1.0f - 0.01f * float(slot);
+      k[5] = 1.0f;
+      p->on_kv(0, slot, k.data(), v.data());
+    }
+    const std::vector<float> q = {1, 0, 0, 0, 0.5f, 0, 0, 0};  // group of 2, both along +x
+    ReadSet reads;
+    p->select(0, 0, q.data(), 2, 40, reads);
+    std::vector<int32_t> kept;
+    for (int32_t s = 0; s < 40; ++s)
+      if (reads.keep[size_t(s)]) kept.push_back(s);
+    EXPECT_EQ(kept, (std::vector<int32_t>{0, 1, 5, 9, 20, 37, 38, 39})) << key_index_backend_name(backend);
+    EXPECT_EQ(reads.blocks, (std::vector<int32_t>{0, 1, 2, 5, 9}));
+    // Within the budget, everything is read.
+    p->select(0, 0, q.data(), 2, 8, reads);
+    EXPECT_TRUE(reads.keep.empty());
+  }
 }
 
 TEST(SparsityOptions, RejectsOptionsThatDoNotFit) {

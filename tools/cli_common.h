@@ -56,11 +56,11 @@ nlohmann::json kv_stats_json(const KvStats& s);
 // cli_sparsity.cpp.
 struct SparsityFlags {
   SparsityOptions options;
-  std::string scope, score, positions;  // empty = not given
+  std::string scope, score, positions, ann, ann_transform;  // empty = not given
 };
 // Adds --kv-policy, --kv-budget, --kv-sinks, --kv-window, --kv-observe,
 // --kv-pool, --kv-horizon, --kv-scope, --kv-score, --kv-value-norm, --kv-positions,
-// --kv-compact-slack.
+// --kv-ann, --kv-ann-transform, --kv-compact-slack.
 void add_sparsity_options(CLI::App& cmd, SparsityFlags& flags);
 // The parsed options. Throws kvserve::Error on an unknown name.
 SparsityOptions sparsity_options(const SparsityFlags& flags);

@@ -5,9 +5,9 @@ namespace kvserve::cli {
 
 void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
   SparsityOptions& o = f.options;
-  cmd.add_option("--kv-policy", o.policy, "KV sparsity: full | window | sinks | h2o | snapkv | topk")
+  cmd.add_option("--kv-policy", o.policy, "KV sparsity: full | window | sinks | h2o | snapkv | topk | ann")
       ->capture_default_str();
-  cmd.add_option("--kv-budget", o.budget, "tokens kept (window, sinks, h2o, snapkv) or read (topk) per layer and KV head");
+  cmd.add_option("--kv-budget", o.budget, "tokens kept (window, sinks, h2o, snapkv) or read (topk, ann) per layer and KV head");
   cmd.add_option("--kv-sinks", o.sinks, "first tokens always kept (default: 4 for sinks, else 0)");
   cmd.add_option("--kv-window", o.window, "most recent tokens always kept (default: h2o budget/2, snapkv the observation window)");
   cmd.add_option("--kv-observe", o.observe, "snapkv: queries whose attention scores the tokens (default min(32, budget/2))");
@@ -17,6 +17,8 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
   cmd.add_option("--kv-score", f.score, "h2o: sum (attention received, default) | mean (per query since arrival)");
   cmd.add_flag("--kv-value-norm", o.value_weighted, "h2o/snapkv: weight attention scores by the value's L1 norm (VATP)");
   cmd.add_option("--kv-positions", f.positions, "RoPE positions after eviction: original | cache (default: cache for sinks)");
+  cmd.add_option("--kv-ann", f.ann, "ann: key index back-end, hnsw (default) | ivfpq");
+  cmd.add_option("--kv-ann-transform", f.ann_transform, "ann: l2aug (MIPS as L2 over augmented keys, default) | ip");
   cmd.add_option("--kv-compact-slack", o.compact_slack, "evicted slots left in place before compacting (default one block)");
 }
 
@@ -25,6 +27,8 @@ SparsityOptions sparsity_options(const SparsityFlags& f) {
   if (!f.scope.empty()) o.scope = parse_sparsity_scope(f.scope);
   if (!f.score.empty()) o.score = parse_h2o_score(f.score);
   if (!f.positions.empty()) o.positions = parse_sparsity_positions(f.positions);
+  if (!f.ann.empty()) o.ann_backend = parse_key_index_backend(f.ann);
+  if (!f.ann_transform.empty()) o.ann_transform = parse_mips_transform(f.ann_transform);
   return o;
 }
 

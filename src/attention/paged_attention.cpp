@@ -65,10 +65,14 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       }
       k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, block_scores, stride);
     }
-    if (masked)
-      for (int t = 0; t < n; ++t)
-        if (cache.slot_position(table, layer, kv_head, b * bs + t) < 0)
+    if (masked || !sparsity.keep.empty())
+      for (int t = 0; t < n; ++t) {
+        const int32_t slot = b * bs + t;
+        const bool skip = (masked && cache.slot_position(table, layer, kv_head, slot) < 0) ||
+                          (!sparsity.keep.empty() && sparsity.keep[size_t(slot)] == 0);
+        if (skip)
           for (int i = 0; i < group; ++i) block_scores[size_t(i) * stride + t] = -INFINITY;
+      }
   }
   for (int i = 0; i < group; ++i) softmax(scores + i * stride, span);
   if (sparsity.weights != nullptr) {

@@ -25,6 +25,9 @@ struct AttentionSparsity {
   // time policies: Quest's top-K blocks); empty = every block. The softmax
   // runs over the blocks read.
   std::span<const int32_t> blocks;
+  // When non-empty: (n_ctx) flags, only slots flagged 1 get weight (retrieved
+  // keys, sinks and a window: ann). The blocks above still hold them all.
+  std::span<const uint8_t> keep;
   // When set: (n_ctx) floats, the softmax weight of every slot summed over
   // the group's query heads (0 for slots not read or evicted). Policies that
   // score tokens by the attention they receive (h2o, snapkv) read it.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/ann_policy.h"
 #include "attention/h2o_policy.h"
 #include "attention/snapkv_policy.h"
 #include "attention/topk_policy.h"
@@ -22,7 +23,7 @@ class FullPolicy final : public SparsityPolicy {
 SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache) {
   const std::string& p = o.policy;
   if (p == "full") return o;
-  if (p != "window" && p != "sinks" && p != "h2o" && p != "snapkv" && p != "topk")
+  if (p != "window" && p != "sinks" && p != "h2o" && p != "snapkv" && p != "topk" && p != "ann")
     fail("unknown --kv-policy '{}' (expected {})", p, fmt::join(sparsity_policy_names(), ", "));
   if (o.budget <= 0) fail("--kv-policy {} needs --kv-budget TOKENS (got {})", p, o.budget);
   if (o.pool < 1 || o.pool % 2 == 0) fail("--kv-pool must be odd and positive (got {})", o.pool);
@@ -36,7 +37,7 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   if (o.observe < 0) o.observe = std::min(32, std::max(1, o.budget / 2));
   if (o.window < 0) {
     if (p == "window" || p == "sinks") o.window = o.budget - o.sinks;
-    else if (p == "h2o") o.window = o.budget / 2;
+    else if (p == "h2o" || p == "ann") o.window = o.budget / 2;
     else if (p == "snapkv") o.window = std::min(o.observe, o.budget - o.sinks);
     else o.window = 0;
   }
@@ -46,7 +47,7 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   if (o.positions == SparsityPositions::Default)
     o.positions = p == "sinks" ? SparsityPositions::Cache : SparsityPositions::Original;
   if (o.positions == SparsityPositions::Cache) {
-    if (p == "topk") fail("--kv-positions cache applies to evicting policies only");
+    if (p == "topk" || p == "ann") fail("--kv-positions cache applies to evicting policies only");
     for (int l = 0; l < cache.n_layers(); ++l)
       if (!cache.k_pre_rope(l))
         fail("--kv-policy {} with positions within the cache needs keys stored before RoPE in every layer "
@@ -55,7 +56,7 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   return o;
 }
 
-std::vector<std::string> sparsity_policy_names() { return {"full", "window", "sinks", "h2o", "snapkv", "topk"}; }
+std::vector<std::string> sparsity_policy_names() { return {"full", "window", "sinks", "h2o", "snapkv", "topk", "ann"}; }
 
 SparsityScope parse_sparsity_scope(std::string_view name) {
   if (name == "head") return SparsityScope::Head;
@@ -81,7 +82,8 @@ std::unique_ptr<SparsityPolicy> make_sparsity_policy(const SparsityOptions& opti
   if (o.policy == "window" || o.policy == "sinks") return std::make_unique<WindowPolicy>(o, cache);
   if (o.policy == "h2o") return std::make_unique<H2oPolicy>(o, cache);
   if (o.policy == "snapkv") return std::make_unique<SnapKvPolicy>(o, cache);
-  return std::make_unique<TopKPolicy>(o, cache);
+  if (o.policy == "topk") return std::make_unique<TopKPolicy>(o, cache);
+  return std::make_unique<AnnPolicy>(o, cache);
 }
 
 std::string describe(const SparsityOptions& options) {
@@ -89,6 +91,9 @@ std::string describe(const SparsityOptions& options) {
   if (o.policy == "full") return "full";
   std::string s = fmt::format("{} budget {}", o.policy, o.budget);
   if (o.policy == "topk") return s;
+  if (o.policy == "ann")
+    return s + fmt::format(" (sinks {}, window {}, {}/{})", o.sinks, o.window, key_index_backend_name(o.ann_backend),
+                           mips_transform_name(o.ann_transform));
   s += fmt::format(" (sinks {}, window {}", o.sinks, o.window);
   if (o.policy == "h2o" || o.policy == "snapkv")
     s += o.scope == SparsityScope::Head ? ", per head" : ", aggregate";

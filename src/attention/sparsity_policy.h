@@ -7,10 +7,12 @@
 //   snapkv  tokens the last W queries attend to, pooled (snapkv_policy)
 //   topk    every token kept; each decode query reads the K blocks whose key
 //           summaries promise the largest scores       (topk_policy, Quest)
+//   ann     every token kept; each decode query reads sinks, a window and
+//           the keys an ANN index returns for it       (ann_policy, HNSW / IVF-PQ)
 // Evicting policies (window, sinks, h2o, snapkv) keep at most `budget` tokens
 // per (layer, KV head) after every forward pass and FREE memory: KvCache
 // compacts evicted tokens out of blocks and returns emptied blocks to the
-// pool. Read-time policies (topk) keep everything and save reads, not memory;
+// pool. Read-time policies (topk, ann) keep everything and save reads, not memory;
 // they report the fraction of keys read.
 //
 // A policy object belongs to one sequence: the engine makes one per request
@@ -37,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attention/key_index.h"
 #include "kv/block_table.h"
 #include "kv/kv_cache.h"
 
@@ -60,11 +63,11 @@ enum class SparsityPositions : uint8_t {
 };
 
 struct SparsityOptions {
-  std::string policy = "full";  // full | window | sinks | h2o | snapkv | topk
-  int32_t budget = 0;           // tokens kept (evicting) or read (topk) per (layer, KV head); 0 only with full
+  std::string policy = "full";  // full | window | sinks | h2o | snapkv | topk | ann
+  int32_t budget = 0;           // tokens kept (evicting) or read (topk, ann) per (layer, KV head); 0 only with full
   int32_t sinks = -1;           // first tokens always kept; -1 = the policy's default (sinks: 4, others: 0)
   int32_t window = -1;          // most recent tokens always kept; -1 = the policy's default
-                                // (h2o: budget / 2, snapkv: the observation window, topk: none)
+                                // (h2o, ann: budget / 2, snapkv: the observation window, topk: none)
   int32_t observe = -1;         // snapkv: queries whose attention is pooled; -1 = min(32, budget / 2)
   int32_t pool = 7;             // snapkv: max-pool width over neighbouring slots (odd; 1 = none)
   int32_t horizon = 0;          // h2o/snapkv: tokens further back than this many positions are
@@ -78,6 +81,8 @@ struct SparsityOptions {
   SparsityPositions positions = SparsityPositions::Default;
   int32_t compact_slack = 0;    // evicted slots left in place before compacting; 0 = one block
                                 // (compaction then always frees a block)
+  KeyIndexBackend ann_backend = KeyIndexBackend::Hnsw;      // ann: hnsw | ivfpq
+  MipsTransform ann_transform = MipsTransform::L2Augment;   // ann: l2aug | ip
 };
 
 // The policy names, for help texts and errors.
@@ -85,6 +90,12 @@ std::vector<std::string> sparsity_policy_names();
 SparsityScope parse_sparsity_scope(std::string_view name);         // head | aggregate
 H2oScore parse_h2o_score(std::string_view name);                   // sum | mean
 SparsityPositions parse_sparsity_positions(std::string_view name);  // original | cache
+
+// What one decode query reads for one (layer, KV head) (read-time policies).
+struct ReadSet {
+  std::vector<int32_t> blocks;  // logical blocks, ascending, the query's own included; empty = every block
+  std::vector<uint8_t> keep;    // (n_ctx) 1 = the slot is read; empty = every slot of `blocks`
+};
 
 // Counters of one sequence's policy.
 struct SparsityStats {
@@ -118,11 +129,10 @@ class SparsityPolicy {
   // The key (after RoPE) and value of the token written to `slot` of
   // `layer`: (kv_dim) floats each.
   virtual void on_kv(int layer, int32_t slot, const float* k, const float* v) {}
-  // The logical blocks the query in slot n_ctx - 1 reads for (layer,
-  // kv_head), ascending, its own block included; leaving `blocks` empty
-  // reads all. q: (group, head_dim) floats, RoPE applied. Read only.
-  virtual void select(int layer, int kv_head, const float* q, int group, int32_t n_ctx,
-                      std::vector<int32_t>& blocks) const {}
+  // What the query in slot n_ctx - 1 reads for (layer, kv_head); leaving
+  // `out` empty reads everything. q: (group, head_dim) floats, RoPE applied.
+  // Read only.
+  virtual void select(int layer, int kv_head, const float* q, int group, int32_t n_ctx, ReadSet& out) const {}
   // The attention weights of the query in slot n_ctx - 1 for (layer,
   // kv_head), summed over the GQA group: (n_ctx) floats over slots, 0 for
   // evicted slots.

@@ -166,12 +166,15 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
             SparsityPolicy* policy = b.policy;
             // Read-time choices apply to decode queries; prefill reads everything.
             if (policy != nullptr && policy->selects_reads() && b.tokens.size() == 1) {
-              policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.blocks);
-              sparsity.blocks = ps.blocks;
+              policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.reads);
+              sparsity.blocks = ps.reads.blocks;
+              sparsity.keep = ps.reads.keep;
               int64_t read = n_ctx;
-              if (!ps.blocks.empty()) {
+              if (!ps.reads.keep.empty()) {
+                read = std::count(ps.reads.keep.begin(), ps.reads.keep.end(), uint8_t(1));
+              } else if (!ps.reads.blocks.empty()) {
                 read = 0;
-                for (int32_t blk : ps.blocks) read += std::min(cache.block_size(), n_ctx - blk * cache.block_size());
+                for (int32_t blk : ps.reads.blocks) read += std::min(cache.block_size(), n_ctx - blk * cache.block_size());
               }
               policy->record_reads(read, n_ctx);
             }

@@ -90,7 +90,7 @@ class Transformer {
 
   // Sparsity policies' per-thread scratch.
   struct PolicyScratch {
-    std::vector<int32_t> blocks;  // blocks a query reads
+    ReadSet reads;                // what a query reads
     std::vector<float> weights;   // (n_ctx) attention weights for observe()
   };
   std::vector<PolicyScratch> policy_scratch_;  // (threads)
