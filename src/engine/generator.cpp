@@ -23,7 +23,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
     fail("the prompt has {} tokens, more than the limit of {} positions (--max-tokens / context length)",
          prompt.size(), limit);
   // An evicting policy bounds what the sequence holds at once.
-  const int64_t held = policy->max_tokens_held(options.prefill_chunk);
+  const int64_t held = policy->max_tokens_held(std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size())));
   const int64_t needed = held < 0 ? std::max<int64_t>(limit, int64_t(prompt.size())) : std::min<int64_t>(held, limit);
   if (!cache.fits(needed))
     fail("the KV cache ({} blocks of {} tokens) cannot hold {} tokens; raise --kv-blocks",

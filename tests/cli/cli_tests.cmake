@@ -76,3 +76,19 @@ kvserve_error_test(cli.error_bench_without_model "--model is required"
   bench --prompt-tokens 8)
 kvserve_error_test(cli.error_attention_bad_list "not a positive integer"
   bench --attention-only --workloads synthetic --keys 16k)
+
+# KV sparsity policies (issue 4): streaming perplexity and generation report
+# the policy's fields; sinks generate past the context length; bad policy
+# options are clear errors.
+add_test(NAME cli.perplexity_streaming_policy_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;perplexity;--model;${MODELS}/stories260K.gguf;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--ctx;128;--chunks;2;--streaming;--kv-policy;h2o;--kv-budget;32;--json"
+  "-DFIELDS=ppl;kv_tokens_kept_mean;kv_read_fraction;kv_policy;kv_tokens_evicted" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.generate_sinks_past_context_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;generate;--model;${MODELS}/stories260K.gguf;--prompt;${ONCE};--max-tokens;1200;--temperature;0;--kv-policy;sinks;--kv-budget;64;--kv-blocks;8;--json"
+  "-DFIELDS=kv_bytes_used_history;kv_bytes_used_peak;kv_tokens_kept_mean;kv_tokens_evicted" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.error_policy_without_streaming "--streaming"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 128 --chunks 1 --kv-policy window --kv-budget 16)
+kvserve_error_test(cli.error_policy_unknown "unknown --kv-policy"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-policy lru --kv-budget 8)
+kvserve_error_test(cli.error_policy_past_context "only positions within the cache"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 1000 --kv-policy window --kv-budget 8)
