@@ -16,6 +16,7 @@ struct GenerateArgs {
   float top_p = 1.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
+  bool ignore_eos = false;
   SparsityFlags sparsity;
 };
 
@@ -43,6 +44,7 @@ void run(const GenerateArgs& a) {
 
   GenerateOptions g;
   g.sparsity = sparsity;
+  g.stop_at_eos = !a.ignore_eos;
   g.max_tokens = a.max_tokens;
   g.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
   const std::vector<int32_t> prompt = tok.encode(a.prompt, true);
@@ -99,6 +101,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating when BOS or EOS is sampled (length runs)");
   add_sparsity_options(*cmd, args->sparsity);
   cmd->callback([args] { run(*args); });
 }
