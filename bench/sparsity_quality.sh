@@ -92,6 +92,7 @@ set output "$out/sparsity_quality.png"
 set multiplot layout 1,2 title "stories260K, ctx 512, streaming perplexity: ΔPPL vs full attention"
 set logscale x 2
 set xtics (16, 32, 64, 128)
+set xrange [14:146]
 set xlabel "KV budget (tokens per layer and KV head)"
 set ylabel "ΔPPL vs full (%)"
 set grid

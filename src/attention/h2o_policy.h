@@ -3,7 +3,9 @@
 // first `sinks`), within the budget. A token's score is the attention weight
 // it received from every query since it arrived, summed over the GQA group's
 // query heads — or that sum divided by the number of those queries (`mean`),
-// which stops old tokens from winning merely by having been seen longer.
+// which stops old tokens from winning merely by having been seen longer —
+// optionally times the L1 norm of its value (`value_weighted`), and within a
+// horizon (evicting_policy.h).
 //
 // Scope: per (layer, KV head) by default — heads attend to different tokens
 // (a positional head, a head on names...), so one shared set would spend the
