@@ -12,6 +12,10 @@
 // 0), which both back-ends answer well (BENCHMARKS.md, attention benchmark);
 // `ip` uses the back-end's own inner-product metric instead.
 //
+// Candidates are ranked by the back-end's scores: exact q·k for HNSW (it
+// keeps the vectors), product-quantized estimates for a trained IVF-PQ (no
+// rescoring against the cache's keys yet).
+//
 // Saves reads, not memory; the paged kernel reads the blocks holding the
 // chosen keys and gives weight only to those keys, so kv_read_fraction
 // counts keys, not bytes (the attention benchmark times the raw retrieval).
