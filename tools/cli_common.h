@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "attention/sparsity_policy.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
@@ -50,6 +51,24 @@ int thread_count(const CommonOptions& o);
 
 // The KV cache accounting as JSON fields (documented in the README).
 nlohmann::json kv_stats_json(const KvStats& s);
+
+// KV sparsity flags (issue 4) of generate, perplexity and bench; defined in
+// cli_sparsity.cpp.
+struct SparsityFlags {
+  SparsityOptions options;
+  std::string scope, score, positions, ann, ann_transform;  // empty = not given
+};
+// Adds --kv-policy, --kv-budget, --kv-sinks, --kv-window, --kv-observe,
+// --kv-pool, --kv-horizon, --kv-scope, --kv-score, --kv-value-norm, --kv-positions,
+// --kv-ann, --kv-ann-transform, --kv-compact-slack.
+void add_sparsity_options(CLI::App& cmd, SparsityFlags& flags);
+// The parsed options. Throws kvserve::Error on an unknown name.
+SparsityOptions sparsity_options(const SparsityFlags& flags);
+// Stores keys before RoPE in every layer when the policy keeps positions
+// within the cache (sinks by default), which needs them.
+void fit_kv_to_sparsity(const SparsityOptions& sparsity, KvCacheOptions& kv);
+// The policy's JSON fields (documented in the README).
+nlohmann::json sparsity_json(const SparsityOptions& resolved, const SparsityStats& stats);
 
 // Every subcommand registers itself here.
 void register_generate(CLI::App& app);

@@ -10,6 +10,7 @@
 #include "tools/bench_server.h"
 #include "tools/cli_common.h"
 #include "tools/engine_cli.h"
+#include "tools/cmd_bench_attention.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
 #include "util/timer.h"
@@ -32,6 +33,7 @@ struct BenchArgs {
   bool workload_given = false;
   EngineCliOptions engine;
   LoadOptions load;  // with --server: load-test a running server instead
+  SparsityFlags sparsity;
 };
 
 void run_workload_bench(const BenchArgs& a) {
@@ -120,10 +122,13 @@ void run(const BenchArgs& a) {
 
   ThreadPool pool(thread_count(a.common));
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
+  const SparsityOptions sparsity = sparsity_options(a.sparsity);
   KvCacheOptions kvo = kv_options(a.common, model->config().n_layers);
+  fit_kv_to_sparsity(sparsity, kvo);
   if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
   KvCache cache(c, kvo);
   Transformer transformer(*model, pool);
+  const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(sparsity, cache);
 
   // A random prompt: speed does not depend on which tokens they are.
   std::mt19937 rng(7);
@@ -135,6 +140,7 @@ void run(const BenchArgs& a) {
   BlockTable table;
   std::vector<BatchEntry> batch(1);
   batch[0].table = &table;
+  batch[0].policy = policy.get();
   Logits logits;
   if (a.fill_context > 0) fill_random_kv(cache, table, a.fill_context, c.n_layers, c.kv_dim());
   Timer timer;
@@ -163,7 +169,10 @@ void run(const BenchArgs& a) {
   const bool tied = w.classifier.data == w.token_embedding.data;
   const double weight_bytes = double(w.bytes()) - (tied ? 0.0 : double(w.token_embedding.bytes()));
   const double mean_ctx = a.fill_context + a.prompt_tokens + (a.gen_tokens + 1) / 2.0;
-  const double kv_bytes = mean_ctx * double(kv.bytes_per_token);
+  // What attention reads: the kept tokens (evicting policies) or the share a read-time policy chose.
+  const double kv_read = policy->evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, cache).budget)
+                                          : mean_ctx * policy->stats().read_fraction();
+  const double kv_bytes = kv_read * double(kv.bytes_per_token);
   const double decode_tok_s = a.gen_tokens / decode_s;
   const double fraction = (weight_bytes + kv_bytes) * decode_tok_s / (bandwidth * 1e9);
   cache.release(table);
@@ -182,6 +191,7 @@ void run(const BenchArgs& a) {
   j["threads"] = pool.num_threads();
   j["kv_dtype"] = kv_description(cache);
   j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
+  j.update(sparsity_json(resolve_sparsity_options(sparsity, cache), policy->stats()));
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -196,8 +206,10 @@ void run(const BenchArgs& a) {
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
+  auto attention = std::make_shared<AttentionBenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill/decode speed and memory-bandwidth use");
   add_common_options(*cmd, a->common, /*model_required=*/false);
+  add_attention_bench_options(*cmd, *attention);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length (with --server: default 64)")->capture_default_str();
   cmd->add_option("--gen-tokens", a->gen_tokens, "tokens to decode")->capture_default_str();
   cmd->add_option("--batch", a->batch, "prefill tokens per forward pass")->capture_default_str();
@@ -217,13 +229,18 @@ void register_bench(CLI::App& app) {
   add_engine_options(*cmd, a->engine);
   // --requests, --concurrency and --max-tokens serve both --server and --workload.
   add_server_bench_options(*cmd, a->load);
-  cmd->callback([a, cmd] {
+  add_sparsity_options(*cmd, a->sparsity);
+  cmd->callback([a, cmd, attention] {
+    // --dump-qk and --attention-only are the long-context attention benchmark
+    // (cmd_bench_attention.cpp).
+    if (attention->attention_only || !attention->dump_qk.empty()) return run_attention_bench(*attention, a->common);
     if (!a->load.server.empty()) {
       if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;
       run_server_bench(a->load, a->common.json);
       return;
     }
-    if (a->common.model_path.empty()) fail("--model is required (or --server URL to load-test a running server)");
+    if (a->common.model_path.empty())
+      fail("--model is required (except with --attention-only, or --server URL to load-test a running server)");
     if (cmd->count("--requests")) a->workload.requests = a->load.requests;
     if (cmd->count("--concurrency")) a->workload.concurrency = a->load.concurrency;
     if (cmd->count("--max-tokens")) a->workload.max_tokens = a->load.max_tokens;

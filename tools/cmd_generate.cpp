@@ -16,6 +16,8 @@ struct GenerateArgs {
   float top_p = 1.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
+  bool ignore_eos = false;
+  SparsityFlags sparsity;
 };
 
 // As llama2.c's safe_printf: a lone byte that is neither printable nor
@@ -34,10 +36,15 @@ void run(const GenerateArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   const Tokenizer& tok = model->require_tokenizer();
   ThreadPool pool(thread_count(a.common));
-  KvCache cache(model->config(), kv_options(a.common, model->config().n_layers));
+  const SparsityOptions sparsity = sparsity_options(a.sparsity);
+  KvCacheOptions kv = kv_options(a.common, model->config().n_layers);
+  fit_kv_to_sparsity(sparsity, kv);
+  KvCache cache(model->config(), kv);
   Transformer transformer(*model, pool);
 
   GenerateOptions g;
+  g.sparsity = sparsity;
+  g.stop_at_eos = !a.ignore_eos;
   g.max_tokens = a.max_tokens;
   g.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
   const std::vector<int32_t> prompt = tok.encode(a.prompt, true);
@@ -49,10 +56,14 @@ void run(const GenerateArgs& a) {
   };
   GenerateResult r = generate(transformer, cache, prompt, g, on_token, tok.bos_id(), tok.eos_id());
 
-  const KvStats& kv = r.kv_peak;
+  const KvStats& stats = r.kv_peak;
   const double decode_tok_s = r.decode_seconds > 0 ? (r.generated_tokens - 1) / r.decode_seconds : 0;
   if (a.common.json) {
-    nlohmann::json j = kv_stats_json(kv);
+    nlohmann::json j = kv_stats_json(stats);
+    j.update(sparsity_json(resolve_sparsity_options(sparsity, cache), r.sparsity));
+    j["kv_tokens_kept_mean"] = r.kv_tokens_kept_mean;
+    j["kv_bytes_used_peak"] = r.kv_bytes_used_peak;
+    j["kv_bytes_used_history"] = r.kv_bytes_used;
     j["text"] = text;
     j["prompt_tokens"] = r.prompt_tokens;
     j["generated_tokens"] = r.generated_tokens;
@@ -68,8 +79,12 @@ void run(const GenerateArgs& a) {
                "kvserve: %d prompt + %d generated tokens, decode %.1f tok/s | KV cache (%s): %lld tokens in "
                "%d blocks of %d, %lld bytes used (%lld bytes/token), %d of %d blocks free\n",
                r.prompt_tokens, r.generated_tokens, decode_tok_s, kv_description(cache).c_str(),
-               (long long)kv.tokens_stored, kv.blocks_used, kv.block_size, (long long)kv.bytes_used,
-               (long long)kv.bytes_per_token, kv.blocks_free, kv.blocks_total);
+               (long long)stats.tokens_stored, stats.blocks_used, stats.block_size, (long long)stats.bytes_used,
+               (long long)stats.bytes_per_token, stats.blocks_free, stats.blocks_total);
+  if (sparsity.policy != "full")
+    std::fprintf(stderr, "kvserve: %s: %lld tokens evicted, peak %lld bytes, read fraction %.3f\n",
+                 describe(resolve_sparsity_options(sparsity, cache)).c_str(), (long long)r.sparsity.tokens_evicted,
+                 (long long)r.kv_bytes_used_peak, r.sparsity.read_fraction());
 }
 
 }  // namespace
@@ -86,6 +101,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating when BOS or EOS is sampled (length runs)");
+  add_sparsity_options(*cmd, args->sparsity);
   cmd->callback([args] { run(*args); });
 }
 

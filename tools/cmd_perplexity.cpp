@@ -17,6 +17,7 @@ struct PerplexityArgs {
   std::string file;
   PerplexityOptions ppl;
   bool kl_divergence = false;
+  SparsityFlags sparsity;
 };
 
 void run(const PerplexityArgs& a) {
@@ -29,7 +30,10 @@ void run(const PerplexityArgs& a) {
   const std::vector<int32_t> tokens = tok.encode(text.str(), true);
 
   ThreadPool pool(thread_count(a.common));
+  PerplexityOptions options = a.ppl;
+  options.sparsity = sparsity_options(a.sparsity);
   KvCacheOptions kv = kv_options(a.common, model->config().n_layers);
+  fit_kv_to_sparsity(options.sparsity, kv);
   if (kv.num_blocks == 0 && kv.budget_bytes == 0) kv.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
   KvCache cache(model->config(), kv);
   Transformer transformer(*model, pool);
@@ -49,7 +53,8 @@ void run(const PerplexityArgs& a) {
     ref.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
     reference = std::make_unique<KvCache>(model->config(), ref);  // FP32 K and V
   }
-  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), a.ppl, progress, reference.get());
+  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), options, progress, reference.get());
+  const SparsityOptions resolved = resolve_sparsity_options(options.sparsity, cache);
 
   nlohmann::json j = kv_stats_json(r.kv);
   j["ppl"] = r.ppl;
@@ -60,6 +65,10 @@ void run(const PerplexityArgs& a) {
   j["text_tokens"] = tokens.size();
   j["seconds"] = r.seconds;
   j["kv_dtype"] = kv_description(cache);
+  j["streaming"] = options.streaming;
+  j.update(sparsity_json(resolved, r.sparsity));
+  j["kv_tokens_kept_mean"] = r.kv_tokens_kept_mean;
+  j["kv_read_fraction"] = r.kv_read_fraction;
   if (r.has_reference) {
     j["kl_divergence"] = r.kl_divergence;
     j["top1_agreement"] = r.top1_agreement;
@@ -73,6 +82,9 @@ void run(const PerplexityArgs& a) {
   std::printf("perplexity: %.4f over %lld tokens in %d chunks of %d (KV %s, %lld bytes/token), %.1f s\n", r.ppl,
               (long long)r.tokens_scored, r.chunks, a.ppl.ctx, kv_description(cache).c_str(),
               (long long)r.kv.bytes_per_token, r.seconds);
+  if (options.streaming)
+    std::printf("streaming, KV %s: %.1f tokens kept on average, %.3f of them read\n", describe(resolved).c_str(),
+                r.kv_tokens_kept_mean, r.kv_read_fraction);
   if (r.has_reference)
     std::printf("against FP32 KV: ppl %.4f (%+.3f%%), KL %.6f, top-1 agreement %.4f\n", r.reference_ppl,
                 (r.ppl / r.reference_ppl - 1.0) * 100.0, r.kl_divergence, r.top1_agreement);
@@ -89,6 +101,9 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", a->ppl.chunks, "chunks to score (-1 = all)")->capture_default_str();
   cmd->add_option("--batch", a->ppl.batch, "tokens per forward pass")->capture_default_str();
   cmd->add_flag("--kl-divergence", a->kl_divergence, "also run an FP32-KV pass; report KL divergence and top-1 agreement");
+  cmd->add_flag("--streaming", a->ppl.streaming,
+                "score token by token as generation runs (needed by every --kv-policy but full)");
+  add_sparsity_options(*cmd, a->sparsity);
   cmd->callback([a] { run(*a); });
 }
 

@@ -26,39 +26,74 @@ void prefetch_head_slice(const KvBlockView& view, int kv_head) {
 
 void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                     int kv_head, int group, int head_dim, const float* q, float* out,
-                    AttentionScratch& scratch) {
+                    AttentionScratch& scratch, const AttentionSparsity& sparsity) {
   const int32_t bs = cache.block_size();
   const int32_t n_blocks = (n_ctx + bs - 1) / bs;
-  const int stride = n_blocks * bs;
+  // Block j of the blocks read is logical block block_at(j); its scores sit at
+  // column j * bs, so the read blocks form one row per query head.
+  const bool selected = !sparsity.blocks.empty();
+  const int32_t n_read = selected ? int32_t(sparsity.blocks.size()) : n_blocks;
+  auto block_at = [&](int32_t j) { return selected ? sparsity.blocks[size_t(j)] : j; };
+  const int stride = n_read * bs;
   if (scratch.scores.size() < size_t(group) * size_t(stride)) scratch.scores.resize(size_t(group) * size_t(stride));
   float* scores = scratch.scores.data();  // (group, stride)
   const float scale = 1.0f / std::sqrt(float(head_dim));
+  const bool masked = table.dead > 0;     // evicted slots still in place
+  const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;  // positions differ from slots
 
   const bool pre_rope = cache.k_pre_rope(layer);
   if (pre_rope && scratch.rotated.size() < size_t(bs) * group * head_dim)
     scratch.rotated.resize(size_t(bs) * group * head_dim);
-  for (int32_t b = 0; b < n_blocks; ++b) {
+  int32_t span = 0;  // columns of the rows in use
+  for (int32_t j = 0; j < n_read; ++j) {
+    const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
+    span = j * bs + n;
     const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
-    if (b + 1 < n_blocks) prefetch_head_slice(cache.k_view(layer, table, b + 1, n_ctx), kv_head);
+    if (j + 1 < n_read) prefetch_head_slice(cache.k_view(layer, table, block_at(j + 1), n_ctx), kv_head);
+    float* block_scores = scores + j * bs;
     if (!pre_rope) {
-      k.codec->score(q, group, k.data, n, kv_head, scale, scores + b * bs, stride);
-      continue;
+      k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
+    } else {
+      // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
+      float* rq = scratch.rotated.data();  // (n, group, head_dim)
+      for (int t = 0; t < n; ++t) {
+        const int32_t slot = b * bs + t;
+        const int32_t pos = moved ? std::max(0, cache.key_rope_position(table, layer, kv_head, slot)) : slot;
+        for (int i = 0; i < group; ++i)
+          cache.rope_table().rotate_back(q + size_t(i) * head_dim, pos, rq + (size_t(t) * group + i) * head_dim);
+      }
+      k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, block_scores, stride);
     }
-    // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
-    float* rq = scratch.rotated.data();  // (n, group, head_dim)
-    for (int t = 0; t < n; ++t)
-      for (int i = 0; i < group; ++i)
-        cache.rope_table().rotate_back(q + size_t(i) * head_dim, b * bs + t, rq + (size_t(t) * group + i) * head_dim);
-    k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, scores + b * bs, stride);
+    if (masked || !sparsity.keep.empty())
+      for (int t = 0; t < n; ++t) {
+        const int32_t slot = b * bs + t;
+        const bool skip = (masked && cache.slot_position(table, layer, kv_head, slot) < 0) ||
+                          (!sparsity.keep.empty() && sparsity.keep[size_t(slot)] == 0);
+        if (skip)
+          for (int i = 0; i < group; ++i) block_scores[size_t(i) * stride + t] = -INFINITY;
+      }
   }
-  for (int i = 0; i < group; ++i) softmax(scores + i * stride, n_ctx);
+  for (int i = 0; i < group; ++i) softmax(scores + i * stride, span);
+  if (sparsity.weights != nullptr) {
+    if (selected) std::fill(sparsity.weights, sparsity.weights + n_ctx, 0.0f);
+    for (int32_t j = 0; j < n_read; ++j) {
+      const int32_t b = block_at(j);
+      const int n = std::min(bs, n_ctx - b * bs);
+      for (int t = 0; t < n; ++t) {
+        float w = 0;
+        for (int i = 0; i < group; ++i) w += scores[size_t(i) * stride + j * bs + t];
+        sparsity.weights[b * bs + t] = w;
+      }
+    }
+  }
   std::fill(out, out + size_t(group) * head_dim, 0.0f);
-  for (int32_t b = 0; b < n_blocks; ++b) {
+  for (int32_t j = 0; j < n_read; ++j) {
+    const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
-    if (b + 1 < n_blocks) prefetch_head_slice(cache.v_view(layer, table, b + 1, n_ctx), kv_head);
-    v.codec->accumulate(scores + b * bs, group, stride, v.data, n, kv_head, out);
+    if (j + 1 < n_read) prefetch_head_slice(cache.v_view(layer, table, block_at(j + 1), n_ctx), kv_head);
+    v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
 }
 
@@ -73,9 +108,15 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
     const float* qi = q + size_t(i) * head_dim;
     double max_s = -INFINITY;
     for (int32_t t = 0; t < n_ctx; ++t) {
+      if (cache.slot_position(table, layer, kv_head, t) < 0) {  // evicted
+        s[size_t(t)] = -INFINITY;
+        continue;
+      }
       const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
       kb.codec->decode_token(kb.data, t % bs, k.data());
-      if (cache.k_pre_rope(layer)) rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim, t, cache.rope_theta());
+      if (cache.k_pre_rope(layer))
+        rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim, cache.key_rope_position(table, layer, kv_head, t),
+             cache.rope_theta());
       double dot = 0;
       for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * k[size_t(kv_head * head_dim + d)];
       s[size_t(t)] = dot / std::sqrt(double(head_dim));
@@ -85,6 +126,7 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
     for (auto& x : s) sum += (x = std::exp(x - max_s));
     std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
     for (int32_t t = 0; t < n_ctx; ++t) {
+      if (s[size_t(t)] == 0) continue;  // evicted (or underflowed: adds nothing)
       const KvBlockView vb = cache.v_view(layer, table, t / bs, n_ctx);
       vb.codec->decode_token(vb.data, t % bs, v.data());
       for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += s[size_t(t)] / sum * v[size_t(kv_head * head_dim + d)];

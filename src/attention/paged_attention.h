@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kv/block_table.h"
@@ -17,18 +18,36 @@ struct AttentionScratch {
   std::vector<float> rotated; // (block_size, gqa_group, head_dim) queries for pre-RoPE keys
 };
 
+// What a sparsity policy asks of one attention call (issue 4). The default
+// reads every block and reports nothing, at no extra cost.
+struct AttentionSparsity {
+  // Logical blocks to read, ascending, the query's own block included (read
+  // time policies: Quest's top-K blocks); empty = every block. The softmax
+  // runs over the blocks read.
+  std::span<const int32_t> blocks;
+  // When non-empty: (n_ctx) flags, only slots flagged 1 get weight (retrieved
+  // keys, sinks and a window: ann). The blocks above still hold them all.
+  std::span<const uint8_t> keep;
+  // When set: (n_ctx) floats, the softmax weight of every slot summed over
+  // the group's query heads (0 for slots not read or evicted). Policies that
+  // score tokens by the attention they receive (h2o, snapkv) read it.
+  float* weights = nullptr;
+};
+
 // The attention output of the query heads that share KV head `kv_head`, for
-// one query token that sees the first n_ctx tokens of `table` (causal: n_ctx
-// = its position + 1).
+// one query token that sees the first n_ctx slots of `table` (causal: n_ctx
+// = its slot + 1). Slots evicted for this (layer, KV head) get no weight;
+// keys stored before RoPE are rotated by their position in the table
+// (KvCache::key_rope_position).
 //   q:   (group, head_dim) floats — the group's query heads, RoPE applied
 //   out: (group, head_dim) floats, overwritten
 // Scores are scaled by 1/sqrt(head_dim) and softmax-normalised in fp32.
 void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                     int kv_head, int group, int head_dim, const float* q, float* out,
-                    AttentionScratch& scratch);
+                    AttentionScratch& scratch, const AttentionSparsity& sparsity = {});
 
-// Scalar reference: decodes every token with the codec and computes the same
-// result in double precision. Same shapes as attend_kv_head.
+// Scalar reference: decodes every live token with the codec and computes the
+// same result in double precision. Same shapes as attend_kv_head.
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,
                               int32_t n_ctx, int kv_head, int group, int head_dim,
                               const float* q, float* out);

@@ -14,15 +14,20 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   if (prompt.empty()) fail("the prompt has no tokens");
   if (options.max_tokens < 0) fail("--max-tokens must be >= 0 (got {})", options.max_tokens);
   if (options.prefill_chunk <= 0) fail("prefill chunk must be positive");
+  const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(options.sparsity, cache);
   const int32_t limit = options.max_tokens == 0 ? c.seq_len : options.max_tokens;
-  if (limit > c.seq_len)
-    fail("--max-tokens {} exceeds the model's context length of {}", limit, c.seq_len);
+  if (limit > c.seq_len && !policy->unbounded_positions())
+    fail("--max-tokens {} exceeds the model's context length of {} (only positions within the cache, "
+         "--kv-policy sinks, run past it)", limit, c.seq_len);
   if (int32_t(prompt.size()) > limit)
     fail("the prompt has {} tokens, more than the limit of {} positions (--max-tokens / context length)",
          prompt.size(), limit);
-  if (!cache.fits(std::max<int64_t>(limit, int64_t(prompt.size()))))
+  // An evicting policy bounds what the sequence holds at once.
+  const int64_t held = policy->max_tokens_held(std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size())));
+  const int64_t needed = held < 0 ? std::max<int64_t>(limit, int64_t(prompt.size())) : std::min<int64_t>(held, limit);
+  if (!cache.fits(needed))
     fail("the KV cache ({} blocks of {} tokens) cannot hold {} tokens; raise --kv-blocks",
-         cache.pool().num_blocks(), cache.block_size(), std::max<int64_t>(limit, int64_t(prompt.size())));
+         cache.pool().num_blocks(), cache.block_size(), needed);
 
   GenerateResult result;
   result.tokens = prompt;
@@ -32,6 +37,15 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   Logits logits;
   std::vector<BatchEntry> batch(1);
   batch[0].table = &table;
+  batch[0].policy = policy.get();
+  // KV bytes in use: the peak right after new tokens are written, the trace after each pass.
+  auto step = [&]() {
+    result.kv_bytes_used_peak = std::max(result.kv_bytes_used_peak, cache.stats().bytes_used);
+    transformer.forward(batch, cache, logits);
+    result.kv_bytes_used.push_back(cache.stats().bytes_used);
+  };
+  double kept_sum = 0;  // tokens kept after each decode step
+  int64_t decode_steps = 0;
 
   for (size_t i = 1; i < prompt.size(); ++i) on_token(prompt[i - 1], prompt[i]);
 
@@ -45,7 +59,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
       fail("out of KV blocks during prefill");
     }
     batch[0].tokens = std::span<const int32_t>(prompt.data() + done, n);
-    transformer.forward(batch, cache, logits);
+    step();
     done += n;
   }
   result.prefill_seconds = timer.seconds();
@@ -67,10 +81,15 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
       fail("out of KV blocks during decode");
     }
     batch[0].tokens = std::span<const int32_t>(&result.tokens.back(), 1);
-    transformer.forward(batch, cache, logits);
+    step();
+    kept_sum += table.live_tokens();
+    ++decode_steps;
   }
   result.decode_seconds = timer.seconds();
   result.kv_peak = cache.stats();
+  result.kv_bytes_used_peak = std::max(result.kv_bytes_used_peak, result.kv_peak.bytes_used);
+  result.kv_tokens_kept_mean = decode_steps == 0 ? double(table.live_tokens()) : kept_sum / double(decode_steps);
+  result.sparsity = policy->stats();
   cache.release(table);
   return result;
 }

@@ -21,6 +21,9 @@ struct GenerateOptions {
   SamplerOptions sampling;
   int32_t prefill_chunk = 512;  // prompt tokens per forward pass
   bool stop_at_eos = true;      // stop when BOS or EOS is sampled, as llama2.c does for BOS
+  // KV sparsity of the sequence (issue 4). With positions within the cache
+  // (sinks), max_tokens may exceed the model's context length.
+  SparsityOptions sparsity;
 };
 
 struct GenerateResult {
@@ -29,7 +32,11 @@ struct GenerateResult {
   int32_t generated_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  KvStats kv_peak;               // cache statistics with the whole sequence stored
+  KvStats kv_peak;               // cache statistics at the end (the whole sequence, or what the policy kept)
+  std::vector<int64_t> kv_bytes_used;  // KV bytes in use after every forward pass (prefill chunks, then decode steps)
+  int64_t kv_bytes_used_peak = 0;      // the most KV bytes in use at once (new tokens written, before eviction)
+  double kv_tokens_kept_mean = 0;      // tokens kept after each decode step, mean (per layer and KV head)
+  SparsityStats sparsity;              // the policy's counters
 };
 
 // Called for every token of the output as it becomes known (prompt tokens

@@ -40,16 +40,18 @@ double kl_divergence(const float* p_logits, const float* q_logits, int32_t vocab
 
 namespace {
 
-// Runs one chunk through the model with a fresh table in `cache`; calls
-// on_row(position, logits) for every scored position.
-template <class OnRow>
+// Runs one chunk through the model with a fresh table in `cache` and, when
+// given, a fresh policy; calls on_row(position, logits) for every scored
+// position and kept(tokens) with the tokens kept after each scored step.
+template <class OnRow, class OnKept>
 void run_chunk(Transformer& transformer, KvCache& cache, const std::vector<int32_t>& chunk, int32_t batch_size,
-               int32_t first, KvStats* stats, OnRow&& on_row) {
+               int32_t first, SparsityPolicy* policy, KvStats* stats, OnRow&& on_row, OnKept&& kept) {
   const int32_t ctx = int32_t(chunk.size());
   BlockTable table;
   std::vector<BatchEntry> batch(1);
   batch[0].table = &table;
   batch[0].all_logits = true;
+  batch[0].policy = policy;
   Logits logits;
   for (int32_t start = 0; start < ctx; start += batch_size) {
     const int32_t n = std::min(batch_size, ctx - start);
@@ -64,6 +66,7 @@ void run_chunk(Transformer& transformer, KvCache& cache, const std::vector<int32
       const int32_t pos = start + k;
       if (pos >= first && pos <= ctx - 2) on_row(pos, logits.row(k));
     }
+    if (start + n - 1 >= first && start + n - 1 <= ctx - 2) kept(table.live_tokens());
   }
   if (stats != nullptr) *stats = cache.stats();
   cache.release(table);
@@ -83,6 +86,11 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   if (available == 0) fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), ctx);
   const int32_t n_chunks = options.chunks < 0 ? available : std::min(options.chunks, available);
   if (n_chunks == 0) fail("--chunks must be positive");
+  if (options.sparsity.policy != "full" && !options.streaming)
+    fail("--kv-policy {} needs --streaming: a prefill of the whole chunk would hide its evictions",
+         options.sparsity.policy);
+  const int32_t batch = options.streaming ? 1 : options.batch;
+  make_sparsity_policy(options.sparsity, cache);  // bad options fail before any work
 
   PerplexityResult r;
   r.has_reference = reference != nullptr;
@@ -92,19 +100,26 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   const int32_t vocab = c.vocab_size;
   std::vector<int32_t> chunk(static_cast<size_t>(ctx));
   std::vector<float> ref_logits;  // (ctx - 1 - first, vocab) of the reference pass
-  double nll = 0, ref_nll = 0, kl = 0;
-  int64_t agree = 0;
+  double nll = 0, ref_nll = 0, kl = 0, kept_sum = 0;
+  int64_t agree = 0, kept_steps = 0;
+  auto on_kept = [&](int32_t tokens) {
+    kept_sum += tokens;
+    ++kept_steps;
+  };
   for (int32_t i = 0; i < n_chunks; ++i) {
     std::copy_n(tokens.begin() + int64_t(i) * ctx, ctx, chunk.begin());
     chunk[0] = bos_id;
     if (reference != nullptr) {
       ref_logits.resize(size_t(ctx - 1 - first) * size_t(vocab));
-      run_chunk(transformer, *reference, chunk, options.batch, first, nullptr, [&](int32_t pos, const float* row) {
-        std::copy_n(row, vocab, ref_logits.begin() + int64_t(pos - first) * vocab);
-        ref_nll += negative_log_likelihood(row, vocab, chunk[size_t(pos) + 1]);
-      });
+      run_chunk(transformer, *reference, chunk, options.batch, first, nullptr, nullptr,
+                [&](int32_t pos, const float* row) {
+                  std::copy_n(row, vocab, ref_logits.begin() + int64_t(pos - first) * vocab);
+                  ref_nll += negative_log_likelihood(row, vocab, chunk[size_t(pos) + 1]);
+                },
+                [](int32_t) {});
     }
-    run_chunk(transformer, cache, chunk, options.batch, first, i == 0 ? &r.kv : nullptr,
+    const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(options.sparsity, cache);
+    run_chunk(transformer, cache, chunk, batch, first, policy.get(), i == 0 ? &r.kv : nullptr,
               [&](int32_t pos, const float* row) {
                 nll += negative_log_likelihood(row, vocab, chunk[size_t(pos) + 1]);
                 ++r.tokens_scored;
@@ -113,7 +128,14 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
                   kl += kl_divergence(ref, row, vocab);
                   agree += argmax_index(ref, vocab) == argmax_index(row, vocab);
                 }
-              });
+              },
+              on_kept);
+    const SparsityStats st = policy->stats();
+    r.sparsity.forward_passes += st.forward_passes;
+    r.sparsity.tokens_evicted += st.tokens_evicted;
+    r.sparsity.compactions += st.compactions;
+    r.sparsity.tokens_read += st.tokens_read;
+    r.sparsity.tokens_available += st.tokens_available;
     r.chunk_ppl.push_back(std::exp(nll / double(r.tokens_scored)));
     if (progress) progress(i + 1, n_chunks);
   }
@@ -122,6 +144,8 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
     r.kl_divergence = kl / double(r.tokens_scored);
     r.top1_agreement = double(agree) / double(r.tokens_scored);
   }
+  r.kv_tokens_kept_mean = kept_steps == 0 ? 0.0 : kept_sum / double(kept_steps);
+  r.kv_read_fraction = r.sparsity.read_fraction();
   r.chunks = n_chunks;
   r.nll_mean = nll / double(r.tokens_scored);
   r.ppl = std::exp(r.nll_mean);

@@ -19,6 +19,11 @@ struct PerplexityOptions {
   int32_t ctx = 512;     // tokens per chunk
   int32_t chunks = -1;   // chunks to score; -1 = all that fit
   int32_t batch = 512;   // tokens per forward pass (a chunk may take several)
+  // Score token by token, as generation runs, so a sparsity policy's early
+  // evictions affect later predictions (a prefill of the chunk would hide
+  // them). Required by every policy but full.
+  bool streaming = false;
+  SparsityOptions sparsity;  // a fresh policy per chunk
 };
 
 struct PerplexityResult {
@@ -27,7 +32,10 @@ struct PerplexityResult {
   int64_t tokens_scored = 0;
   int32_t chunks = 0;
   double seconds = 0;
-  KvStats kv;                     // cache statistics with one full chunk stored
+  KvStats kv;                     // cache statistics at the end of the first chunk
+  double kv_tokens_kept_mean = 0; // tokens in the cache after each scored step, mean (per layer and KV head)
+  double kv_read_fraction = 1;    // keys attention read / keys kept, over all chunks (read-time policies)
+  SparsityStats sparsity;         // the policies' counters, summed over chunks
   std::vector<double> chunk_ppl;  // running estimate after each chunk, as llama.cpp prints
   // Against a reference cache (usually FP32), over the same scored tokens:
   bool has_reference = false;
@@ -39,8 +47,8 @@ struct PerplexityResult {
 // progress(chunks_done, chunks_total) after each chunk.
 using ProgressCallback = std::function<void(int32_t, int32_t)>;
 
-// Throws kvserve::Error when ctx is out of range or the text is shorter than
-// one chunk. With a reference cache, every chunk also runs against it and the
+// Throws kvserve::Error when ctx is out of range, the text is shorter than
+// one chunk, or a policy other than full is asked for without streaming. With a reference cache, every chunk also runs against it and the
 // result compares the two distributions token by token (KL, top-1).
 PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<const int32_t> tokens,
                             int32_t bos_id, const PerplexityOptions& options,

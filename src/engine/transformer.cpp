@@ -15,7 +15,11 @@ const float* Logits::last(size_t e, const std::vector<BatchEntry>& batch) const 
 }
 
 Transformer::Transformer(const Model& model, ThreadPool& pool)
-    : model_(model), config_(model.config()), pool_(pool), scratch_(size_t(pool.num_threads())) {}
+    : model_(model),
+      config_(model.config()),
+      pool_(pool),
+      scratch_(size_t(pool.num_threads())),
+      policy_scratch_(size_t(pool.num_threads())) {}
 
 void Transformer::ensure_capacity(int64_t n_tokens, int64_t n_rows) {
   const ModelConfig& c = config_;
@@ -41,10 +45,12 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   const int dim = c.dim, head_dim = c.head_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   const int q_dim = c.n_heads * head_dim, group = c.gqa_group();
 
-  // Where each stacked token comes from: its entry and absolute position.
+  // Where each stacked token comes from: its entry, its slot in the entry's
+  // table and its RoPE position (the same until a policy evicts).
   struct TokenSlot {
     int32_t entry;
     int32_t pos;
+    int32_t rope;
   };
   std::vector<TokenSlot> slots;
   int64_t n_rows = 0;
@@ -52,15 +58,15 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& b = batch[e];
     const int32_t start = b.table->num_tokens;
-    if (int64_t(start) + int64_t(b.tokens.size()) > c.seq_len)
-      fail("sequence of {} tokens exceeds the model's context length of {}",
-           int64_t(start) + int64_t(b.tokens.size()), c.seq_len);
+    const int64_t positions = int64_t(b.table->rope_position_of_new(start)) + int64_t(b.tokens.size());
+    if (positions > c.seq_len)
+      fail("sequence of {} tokens exceeds the model's context length of {}", positions, c.seq_len);
     if (b.table->capacity(cache.block_size()) < start + int32_t(b.tokens.size()))
       fail("internal: KV space for {} tokens was not reserved", b.tokens.size());
     for (size_t i = 0; i < b.tokens.size(); ++i) {
       if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab_size)
         fail("token id {} is out of range (vocabulary of {})", b.tokens[i], c.vocab_size);
-      slots.push_back({int32_t(e), start + int32_t(i)});
+      slots.push_back({int32_t(e), start + int32_t(i), b.table->rope_position_of_new(start + int32_t(i))});
     }
     out.first_row[e] = int32_t(n_rows);
     n_rows += b.tokens.empty() ? 0 : (b.all_logits ? int64_t(b.tokens.size()) : 1);
@@ -71,6 +77,34 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     return;
   }
   ensure_capacity(n, n_rows);
+
+  // Sparsity: who needs keys, and whether attention runs through the policies.
+  bool any_kv = false, any_sparse = false;
+  for (const BatchEntry& b : batch) {
+    if (b.policy == nullptr) continue;
+    b.policy->begin_forward(cache, *b.table, int32_t(b.tokens.size()));
+    any_kv = any_kv || b.policy->wants_kv();
+    any_sparse = any_sparse || b.policy->selects_reads() || b.policy->wants_attention_weights();
+  }
+  // Attention work units: one token's query heads that share one KV head;
+  // for a policy that observes attention weights, all of its sequence's new
+  // tokens for one KV head in order (observe() sees a head's queries in order).
+  struct Unit {
+    int64_t first;  // first stacked token
+    int32_t count;  // tokens, in order
+    int kv_head;
+  };
+  std::vector<Unit> units;
+  if (any_sparse) {
+    int64_t t0 = 0;
+    for (const BatchEntry& b : batch) {
+      const int32_t count = int32_t(b.tokens.size());
+      const bool ordered = b.policy != nullptr && b.policy->wants_attention_weights();
+      for (int32_t i = 0; i < (ordered ? 1 : count); ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h) units.push_back({t0 + i, ordered ? count : 1, h});
+      t0 += count;
+    }
+  }
 
   for (int64_t t = 0; t < n; ++t) {
     const BatchEntry& b = batch[size_t(slots[size_t(t)].entry)];
@@ -84,26 +118,77 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     matmul(lw.wq, xb_.data(), q_.data(), n, &pool_);
     matmul(lw.wk, xb_.data(), k_.data(), n, &pool_);
     matmul(lw.wv, xb_.data(), v_.data(), n, &pool_);
+    const bool pre_rope = cache.k_pre_rope(layer);
     for (int64_t t = 0; t < n; ++t) {
       const TokenSlot& s = slots[size_t(t)];
-      rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.pos, c.rope_theta);
-      if (!cache.k_pre_rope(layer)) rope(k_.data() + t * kv_dim, c.n_kv_heads, head_dim, s.pos, c.rope_theta);
-      cache.write(layer, *batch[size_t(s.entry)].table, s.pos, k_.data() + t * kv_dim, v_.data() + t * kv_dim);
+      const BatchEntry& b = batch[size_t(s.entry)];
+      float* k = k_.data() + t * kv_dim;
+      rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.rope, c.rope_theta);
+      if (!pre_rope) rope(k, c.n_kv_heads, head_dim, s.rope, c.rope_theta);
+      cache.write(layer, *b.table, s.pos, k, v_.data() + t * kv_dim);
+      if (any_kv && b.policy != nullptr && b.policy->wants_kv()) {
+        if (!pre_rope) {
+          b.policy->on_kv(layer, s.pos, k, v_.data() + t * kv_dim);
+          continue;
+        }
+        key_after_rope_.assign(k, k + kv_dim);
+        rope(key_after_rope_.data(), c.n_kv_heads, head_dim, s.rope, c.rope_theta);
+        b.policy->on_kv(layer, s.pos, key_after_rope_.data(), v_.data() + t * kv_dim);
+      }
     }
     for (const BatchEntry& b : batch)
       cache.seal(layer, *b.table, b.table->num_tokens + int32_t(b.tokens.size()));
     if (observer_) observer_(layer, k_.data(), v_.data(), n);
-    // One unit = one token's query heads that share one KV head.
-    pool_.parallel_for(n * c.n_kv_heads, 1, [&](int64_t begin, int64_t end, int thread) {
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t t = u / c.n_kv_heads;
-        const int h = int(u % c.n_kv_heads);
-        const TokenSlot& s = slots[size_t(t)];
-        const size_t off = size_t(t) * q_dim + size_t(h) * group * head_dim;
-        attend_kv_head(cache, layer, *batch[size_t(s.entry)].table, s.pos + 1, h, group, head_dim,
-                       q_.data() + off, att_.data() + off, scratch_[size_t(thread)]);
-      }
-    });
+    if (query_observer_) query_observer_(layer, q_.data(), n);
+    if (!any_sparse) {
+      // One unit = one token's query heads that share one KV head.
+      pool_.parallel_for(n * c.n_kv_heads, 1, [&](int64_t begin, int64_t end, int thread) {
+        for (int64_t u = begin; u < end; ++u) {
+          const int64_t t = u / c.n_kv_heads;
+          const int h = int(u % c.n_kv_heads);
+          const TokenSlot& s = slots[size_t(t)];
+          const size_t off = size_t(t) * q_dim + size_t(h) * group * head_dim;
+          attend_kv_head(cache, layer, *batch[size_t(s.entry)].table, s.pos + 1, h, group, head_dim,
+                         q_.data() + off, att_.data() + off, scratch_[size_t(thread)]);
+        }
+      });
+    } else {
+      pool_.parallel_for(int64_t(units.size()), 1, [&](int64_t begin, int64_t end, int thread) {
+        PolicyScratch& ps = policy_scratch_[size_t(thread)];
+        for (int64_t u = begin; u < end; ++u) {
+          const Unit& unit = units[size_t(u)];
+          for (int64_t t = unit.first; t < unit.first + unit.count; ++t) {
+            const TokenSlot& s = slots[size_t(t)];
+            const BatchEntry& b = batch[size_t(s.entry)];
+            const size_t off = size_t(t) * q_dim + size_t(unit.kv_head) * group * head_dim;
+            const int32_t n_ctx = s.pos + 1;
+            AttentionSparsity sparsity;
+            SparsityPolicy* policy = b.policy;
+            // Read-time choices apply to decode queries; prefill reads everything.
+            if (policy != nullptr && policy->selects_reads() && b.tokens.size() == 1) {
+              policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.reads);
+              sparsity.blocks = ps.reads.blocks;
+              sparsity.keep = ps.reads.keep;
+              int64_t read = n_ctx;
+              if (!ps.reads.keep.empty()) {
+                read = std::count(ps.reads.keep.begin(), ps.reads.keep.end(), uint8_t(1));
+              } else if (!ps.reads.blocks.empty()) {
+                read = 0;
+                for (int32_t blk : ps.reads.blocks) read += std::min(cache.block_size(), n_ctx - blk * cache.block_size());
+              }
+              policy->record_reads(read, n_ctx);
+            }
+            if (policy != nullptr && policy->wants_attention_weights()) {
+              if (ps.weights.size() < size_t(n_ctx)) ps.weights.resize(size_t(n_ctx));
+              sparsity.weights = ps.weights.data();
+            }
+            attend_kv_head(cache, layer, *b.table, n_ctx, unit.kv_head, group, head_dim, q_.data() + off,
+                           att_.data() + off, scratch_[size_t(thread)], sparsity);
+            if (sparsity.weights != nullptr) policy->observe(layer, unit.kv_head, sparsity.weights, n_ctx);
+          }
+        }
+      });
+    }
     matmul(lw.wo, att_.data(), xb_.data(), n, &pool_);
     for (int64_t i = 0; i < n * dim; ++i) x_[size_t(i)] += xb_[size_t(i)];
 
@@ -129,6 +214,8 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   matmul(w.classifier, rows_.data(), out.values.data(), n_rows, &pool_);
 
   for (const BatchEntry& b : batch) cache.commit(*b.table, int32_t(b.tokens.size()));
+  for (const BatchEntry& b : batch)
+    if (b.policy != nullptr) b.policy->after_forward(cache, *b.table, int32_t(b.tokens.size()));
 }
 
 }  // namespace kvserve

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/paged_attention.h"
+#include "attention/sparsity_policy.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "util/aligned_buffer.h"
@@ -23,6 +24,10 @@ struct BatchEntry {
   BlockTable* table = nullptr;       // the sequence's KV; new tokens go at table->num_tokens
   std::span<const int32_t> tokens;   // new tokens to run
   bool all_logits = false;           // logits for every new token, not only the last
+  // The sequence's KV sparsity policy (issue 4), owned by the caller, one per
+  // sequence; nullptr = full attention. It sees the pass (sparsity_policy.h)
+  // and, when it evicts, shrinks the table after the pass.
+  SparsityPolicy* policy = nullptr;
 };
 
 // Logits of a forward pass, one row per requested token, entries in batch order.
@@ -39,6 +44,9 @@ struct Logits {
 // Sees the keys (after RoPE) and values of every token of every layer as they
 // are written: k, v are (n_tokens, kv_dim) floats. Used for calibration.
 using KvObserver = std::function<void(int layer, const float* k, const float* v, int64_t n_tokens)>;
+// Sees the queries (after RoPE) of every token of every layer: q is
+// (n_tokens, n_heads * head_dim) floats. Used to capture real Q/K statistics.
+using QueryObserver = std::function<void(int layer, const float* q, int64_t n_tokens)>;
 
 class Transformer {
  public:
@@ -46,16 +54,18 @@ class Transformer {
   Transformer(const Model& model, ThreadPool& pool);
 
   // Runs the new tokens of every entry, appending their K/V to the cache and
-  // advancing each table's num_tokens.
+  // advancing each table's num_tokens; then lets each entry's policy evict.
   // REQUIRES: cache.reserve(*entry.table, entry.tokens.size()) succeeded for
-  // every entry; tables are distinct. Throws kvserve::Error when a position
-  // would pass the model's context length or a token id is out of range.
+  // every entry; tables are distinct. Throws kvserve::Error when a RoPE
+  // position would pass the model's context length (positions within the
+  // cache never do while the cache is smaller) or a token id is out of range.
   void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
 
   const ModelConfig& config() const { return config_; }
   const Model& model() const { return model_; }
   // Replaces the observer (nullptr: none).
   void set_kv_observer(KvObserver observer) { observer_ = std::move(observer); }
+  void set_query_observer(QueryObserver observer) { query_observer_ = std::move(observer); }
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
@@ -77,6 +87,15 @@ class Transformer {
   AlignedBuffer<float> rows_;   // (rows, dim) final hidden states of the tokens that want logits
   std::vector<AttentionScratch> scratch_;  // (threads)
   KvObserver observer_;
+
+  // Sparsity policies' per-thread scratch.
+  struct PolicyScratch {
+    ReadSet reads;                // what a query reads
+    std::vector<float> weights;   // (n_ctx) attention weights for observe()
+  };
+  std::vector<PolicyScratch> policy_scratch_;  // (threads)
+  std::vector<float> key_after_rope_;          // (kv_dim) a pre-RoPE key rotated for on_kv()
+  QueryObserver query_observer_;
 };
 
 }  // namespace kvserve

@@ -176,6 +176,10 @@ class FloatCodec final : public KvCodec {
       for (int d = 0; d < hd; ++d) out[h * hd + d] = Tr::to(src[d]);
     }
   }
+  int token_spans(int slot, int kv_head, ByteSpan* out) const override {
+    out[0] = {offset(kv_head, slot) * sizeof(T), size_t(shape_.head_dim) * sizeof(T)};
+    return 1;
+  }
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
     const int hd = shape_.head_dim;

@@ -457,6 +457,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     }
   }
 
+  int token_spans(int slot, int kv_head, ByteSpan* out) const override {
+    if (!head_major_) return 0;
+    const size_t head = size_t(kv_head) * head_bytes_, pairs = size_t(head_groups_) * 2 * sizeof(fp16_t);
+    out[0] = {head + size_t(slot) * head_code_bytes_, head_code_bytes_};
+    out[1] = {head + size_t(shape_.block_size) * head_code_bytes_ + size_t(slot) * pairs, pairs};
+    return 2;
+  }
+
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {
     const uint8_t* row = code_row(block, slot, kv_head);
     const int hd = shape_.head_dim, first = kv_head * hd;
@@ -663,6 +671,13 @@ class ChannelCodec final : public KvCodec {
                       quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
       }
     }
+  }
+
+  // Static scales keep no per-token metadata, so a head's codes move alone.
+  int token_spans(int slot, int kv_head, ByteSpan* out) const override {
+    if (!static_ || !head_major_) return 0;
+    out[0] = {size_t(kv_head) * head_bytes_ + size_t(slot) * head_code_bytes_, head_code_bytes_};
+    return 1;
   }
 
   void decode_token(const uint8_t* block, int slot, float* out) const override {
@@ -911,6 +926,13 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
         out[sizeof(fp16_t) + j] = uint8_t(std::max(lo, 0) | (std::max(hi, 0) << 4));
       }
     }
+  }
+
+  int token_spans(int slot, int kv_head, ByteSpan* out) const override {
+    if (!head_major_) return 0;
+    out[0] = {(size_t(kv_head) * shape_.block_size + size_t(slot)) * head_blocks_ * kBlockBytes,
+              size_t(head_blocks_) * kBlockBytes};
+    return 1;
   }
 
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {

@@ -145,6 +145,11 @@ bool KvCache::reserve(BlockTable& table, int32_t n_new) {
 
 void KvCache::commit(BlockTable& table, int32_t n) {
   assert(table.num_tokens + n <= table.capacity(options_.block_size));
+  if (!table.slot_positions.empty()) {  // after an eviction, positions are explicit
+    const size_t per_slot = layers_.size() * size_t(n_kv_heads_);
+    for (int32_t s = table.num_tokens; s < table.num_tokens + n; ++s)
+      table.slot_positions.insert(table.slot_positions.end(), per_slot, table.position_of_new(s));
+  }
   table.num_tokens += n;
   tokens_stored_ += n;
   if (!staged_) return;
@@ -161,10 +166,8 @@ void KvCache::release(BlockTable& table) {
   for (auto id = table.blocks.rbegin(); id != table.blocks.rend(); ++id) pool_.release(*id);
   for (int32_t slot : table.staging)
     if (slot >= 0) release_staging(slot);
-  tokens_stored_ -= table.num_tokens;
-  table.blocks.clear();
-  table.staging.clear();
-  table.num_tokens = 0;
+  tokens_stored_ -= table.live_tokens();
+  table = BlockTable{};
 }
 
 uint8_t* KvCache::block_base(int layer, int32_t block) const {
@@ -252,6 +255,8 @@ KvStats KvCache::stats() const {
   const int64_t slots = int64_t(s.blocks_used) * options_.block_size;
   // Sequences sharing blocks count their tokens once each, so clamp at 0.
   s.fragmentation = slots == 0 ? 0.0 : std::max(0.0, 1.0 - double(tokens_stored_) / double(slots));
+  s.tokens_evicted = tokens_evicted_;
+  s.compactions = compactions_;
   return s;
 }
 
@@ -370,6 +375,218 @@ void KvCache::import_block(int32_t block, std::span<const uint8_t> bytes) {
     p += l.k_bytes + l.v_bytes;
   }
   sealed_[size_t(block)] = 1;  // its encoded form is written: final, shareable
+}
+
+// ---- Eviction and compaction (KV sparsity, issue 4) ----
+
+void KvCache::evict(BlockTable& table, std::span<const int32_t> slots, int32_t per_head) {
+  const size_t rows = layers_.size() * size_t(n_kv_heads_);
+  if (per_head < 0 || slots.size() != rows * size_t(per_head))
+    fail("evict: {} slots given for {} (layer, KV head) rows of {} each", slots.size(), rows, per_head);
+  if (per_head == 0) return;
+  if (table.slot_positions.empty()) {
+    table.slot_positions.resize(size_t(table.num_tokens) * rows);
+    for (int32_t s = 0; s < table.num_tokens; ++s)
+      std::fill_n(table.slot_positions.begin() + int64_t(s) * int64_t(rows), rows, table.position_of_new(s));
+  }
+  // Mark row by row; on a bad slot, restore what was marked and report it.
+  std::vector<std::pair<size_t, int32_t>> undo;  // (index, old position)
+  for (size_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < per_head; ++i) {
+      const int32_t s = slots[r * size_t(per_head) + size_t(i)];
+      const size_t at = s >= 0 && s < table.num_tokens ? size_t(s) * rows + r : 0;
+      if (s < 0 || s >= table.num_tokens || table.slot_positions[at] < 0) {
+        for (const auto& [index, pos] : undo) table.slot_positions[index] = pos;
+        fail("evict: slot {} of layer {}, KV head {} is {}", s, r / size_t(n_kv_heads_), r % size_t(n_kv_heads_),
+             s < 0 || s >= table.num_tokens ? "out of range" : "already evicted");
+      }
+      undo.emplace_back(at, table.slot_positions[at]);
+      table.slot_positions[at] = -1;
+    }
+  }
+  table.dead += per_head;
+  table.evicted += per_head;
+  tokens_stored_ -= per_head;
+  tokens_evicted_ += per_head;
+}
+
+bool KvCache::compact(BlockTable& table) {
+  if (table.dead == 0) return true;
+  const int n_layers = int(layers_.size()), H = n_kv_heads_, bs = options_.block_size;
+  const size_t rows = size_t(n_layers) * size_t(H);
+  const int32_t n_old = table.num_tokens, m = n_old - table.dead;
+  const int32_t nb_new = blocks_for(m);
+  const int32_t old_sealed = sealed_blocks(n_old), new_sealed = sealed_blocks(m);
+  auto at = [rows](int32_t slot, size_t row) { return size_t(slot) * rows + row; };
+
+  // Plan: the source slot of every (new slot, layer, head); live tokens keep their order.
+  std::vector<int32_t> src(size_t(m) * rows), positions(size_t(m) * rows);  // (new slot, layer, head)
+  for (size_t r = 0; r < rows; ++r) {
+    int32_t j = 0;
+    for (int32_t s = 0; s < n_old; ++s) {
+      const int32_t p = table.slot_positions[at(s, r)];
+      if (p < 0) continue;
+      src[at(j, r)] = s;
+      positions[at(j, r)] = p;
+      ++j;
+    }
+    assert(j == m);
+  }
+  // Whether new block d of a plane changes: a token arrives from another slot,
+  // or the block's form (encoded or FP16 staging) changes under it.
+  auto staged_after = [&](bool plane_staged, int32_t d) { return plane_staged && d >= new_sealed; };
+  auto staged_before = [&](bool plane_staged, int32_t slot) { return plane_staged && slot / bs >= old_sealed; };
+  auto plane_changes = [&](int layer, bool plane_staged, int32_t d) {
+    const int32_t end = std::min(m, (d + 1) * bs);
+    for (int32_t t = d * bs; t < end; ++t)
+      for (int h = 0; h < H; ++h) {
+        const int32_t s = src[at(t, size_t(layer) * H + h)];
+        if (s != t || staged_before(plane_staged, s) != staged_after(plane_staged, d)) return true;
+      }
+    return false;
+  };
+  // Blocks whose encoded bytes are written, and shared ones among them that
+  // need a private copy (also any shared block that returns to staging: the
+  // next seal() writes it).
+  std::vector<int32_t> cow;  // new block indices to copy
+  for (int32_t d = 0; d < nb_new; ++d) {
+    if (pool_.ref_count(table.blocks[size_t(d)]) <= 1) continue;
+    bool writes = staged_ && d >= new_sealed;
+    for (int l = 0; l < n_layers && !writes; ++l) {
+      const Layer& ly = layers_[size_t(l)];
+      writes = (!staged_after(ly.k_staged, d) && plane_changes(l, ly.k_staged, d)) ||
+               (!staged_after(ly.v_staged, d) && plane_changes(l, ly.v_staged, d));
+    }
+    if (writes) cow.push_back(d);
+  }
+  std::vector<int32_t> staging_needed;  // new block indices that enter the FP16 window
+  std::vector<int32_t> staging_cow;     // new block indices whose staging slot is shared and written
+  if (staged_) {
+    for (int32_t d = new_sealed; d < std::min(nb_new, old_sealed); ++d) staging_needed.push_back(d);
+    // A staging slot another table references (a fork, a prefix-cache
+    // sidecar) is never written in place either.
+    for (int32_t d = std::max(new_sealed, old_sealed); d < nb_new; ++d) {
+      const int32_t slot = table.staging[size_t(d)];
+      bool writes = false;
+      for (int l = 0; l < n_layers && !writes; ++l) {
+        const Layer& ly = layers_[size_t(l)];
+        writes = plane_changes(l, ly.k_staged, d) || plane_changes(l, ly.v_staged, d);
+      }
+      if (slot >= 0 && staging_refs_[size_t(slot)] > 1 && writes) staging_cow.push_back(d);
+    }
+  }
+  if (staging_needed.size() + staging_cow.size() > free_staging_.size()) return false;
+  std::vector<int32_t> fresh;
+  if (!pool_.allocate(int32_t(cow.size()), fresh)) return false;
+
+  // Apply. New block d reads only slots >= d * block_size, so writing the new
+  // blocks in order never overwrites a source still to be read.
+  std::vector<int32_t> new_blocks(table.blocks.begin(), table.blocks.begin() + nb_new);
+  std::vector<int32_t> new_staging;
+  if (staged_) new_staging.assign(table.staging.begin(), table.staging.begin() + nb_new);
+  for (size_t i = 0; i < cow.size(); ++i) {
+    const int32_t d = cow[i];
+    new_blocks[size_t(d)] = fresh[i];
+    for (int l = 0; l < n_layers; ++l) {
+      const Layer& ly = layers_[size_t(l)];
+      std::memcpy(block_base(l, fresh[i]), block_base(l, table.blocks[size_t(d)]), ly.k_bytes + ly.v_bytes);
+    }
+  }
+  for (int32_t d : staging_needed) {
+    new_staging[size_t(d)] = free_staging_.back();
+    free_staging_.pop_back();
+    staging_refs_[size_t(new_staging[size_t(d)])] = 1;
+  }
+  for (int32_t d : staging_cow) {
+    const int32_t from = table.staging[size_t(d)], to = free_staging_.back();
+    free_staging_.pop_back();
+    staging_refs_[size_t(to)] = 1;
+    for (int l = 0; l < n_layers; ++l)
+      if (layers_[size_t(l)].k_staged || layers_[size_t(l)].v_staged)
+        std::memcpy(staging_base(l, to), staging_base(l, from), 2 * staging_codec_->block_bytes());
+    new_staging[size_t(d)] = to;
+  }
+  const int kv_dim = n_kv_heads_ * head_dim_;
+  std::vector<float> rows_buf(size_t(bs) * size_t(kv_dim)), row(static_cast<size_t>(kv_dim));  // (block_size, kv_dim), (kv_dim)
+  std::vector<uint8_t> temp;  // one encoded block, to re-encode a single token
+  for (int l = 0; l < n_layers; ++l) {
+    const Layer& ly = layers_[size_t(l)];
+    for (int plane = 0; plane < 2; ++plane) {
+      const bool plane_staged = plane == 0 ? ly.k_staged : ly.v_staged;
+      const KvCodec& codec = plane == 0 ? *ly.k : *ly.v;
+      const size_t arena_off = plane == 0 ? 0 : ly.k_bytes;
+      const size_t stage_off = plane == 0 || !staged_ ? 0 : staging_codec_->block_bytes();
+      // Where a slot lives before compaction, and where a new block is written.
+      auto source = [&](int32_t s) -> KvBlockView {
+        const size_t b = size_t(s / bs);
+        if (staged_before(plane_staged, s)) return {staging_codec_.get(), staging_base(l, table.staging[b]) + stage_off};
+        return {&codec, block_base(l, table.blocks[b]) + arena_off};
+      };
+      for (int32_t d = 0; d < nb_new; ++d) {
+        if (!plane_changes(l, plane_staged, d)) continue;
+        const bool to_stage = staged_after(plane_staged, d);
+        const KvCodec& dc = to_stage ? *staging_codec_ : codec;
+        uint8_t* dst = to_stage ? staging_base(l, new_staging[size_t(d)]) + stage_off
+                                : block_base(l, new_blocks[size_t(d)]) + arena_off;
+        const int n = std::min(bs, m - d * bs);
+        ByteSpan probe[2];
+        if (dc.token_spans(0, 0, probe) == 0) {
+          // No spans: decode the block's new contents, then encode it whole.
+          for (int t = 0; t < n; ++t)
+            for (int h = 0; h < H; ++h) {
+              const int32_t s = src[at(d * bs + t, size_t(l) * H + h)];
+              const KvBlockView v = source(s);
+              v.codec->decode_token(v.data, s % bs, row.data());
+              std::copy_n(row.begin() + h * head_dim_, head_dim_, rows_buf.begin() + int64_t(t) * kv_dim + h * head_dim_);
+            }
+          dc.encode_block(dst, rows_buf.data(), n);
+          continue;
+        }
+        for (int t = 0; t < n; ++t)
+          for (int h = 0; h < H; ++h) {
+            const int32_t s = src[at(d * bs + t, size_t(l) * H + h)];
+            const bool moved = s != d * bs + t || staged_before(plane_staged, s) != to_stage;
+            if (!moved) continue;
+            const KvBlockView v = source(s);
+            ByteSpan from[2], into[2];
+            const int k = dc.token_spans(t, h, into);
+            const uint8_t* bytes = v.data;
+            if (v.codec == &dc) {
+              v.codec->token_spans(s % bs, h, from);
+            } else {
+              // Another form (staging <-> codec): encode the decoded token at
+              // slot t of a scratch block, then move its spans.
+              temp.resize(dc.block_bytes());
+              v.codec->decode_token(v.data, s % bs, row.data());
+              dc.encode_token(temp.data(), t, row.data());
+              bytes = temp.data();
+              std::copy_n(into, k, from);
+            }
+            for (int i = 0; i < k; ++i) std::memmove(dst + into[i].offset, bytes + from[i].offset, into[i].size);
+          }
+      }
+    }
+  }
+
+  // Return what is no longer needed: tail blocks, their staging slots, and
+  // this table's references to blocks it copied.
+  for (size_t b = size_t(nb_new); b < table.blocks.size(); ++b) {
+    pool_.release(table.blocks[b]);
+    if (staged_ && table.staging[b] >= 0) release_staging(table.staging[b]);
+  }
+  for (int32_t d : cow) pool_.release(table.blocks[size_t(d)]);
+  for (int32_t d : staging_cow) release_staging(table.staging[size_t(d)]);
+  // Blocks below the new sealed count hold their encoded form; the ones that
+  // went back into the FP16 window (all private by now) must be encoded again.
+  if (staged_)
+    for (int32_t d = 0; d < nb_new; ++d) sealed_[size_t(new_blocks[size_t(d)])] = d < new_sealed ? 1 : 0;
+  table.blocks = std::move(new_blocks);
+  if (staged_) table.staging = std::move(new_staging);
+  table.slot_positions = std::move(positions);
+  table.num_tokens = m;
+  table.dead = 0;
+  ++compactions_;
+  return true;
 }
 
 }  // namespace kvserve

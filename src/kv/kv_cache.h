@@ -68,10 +68,12 @@ struct KvStats {
   int32_t blocks_free = 0;
   int32_t blocks_cached_idle = 0; // prefix-cache blocks no sequence references (reclaimable)
   int32_t staging_used = 0;       // staging slots in use
-  int64_t tokens_stored = 0;      // tokens written into live sequences
+  int64_t tokens_stored = 0;      // tokens written into live sequences (not evicted)
   int64_t bytes_used = 0;         // blocks_used * bytes_per_block + staging_used * staging_bytes_per_block
   int64_t bytes_capacity = 0;     // blocks_total * bytes_per_block
   double fragmentation = 0.0;     // unused fraction of the slots in used blocks, 0..1
+  int64_t tokens_evicted = 0;     // tokens evicted by sparsity policies so far, per (layer, KV head)
+  int64_t compactions = 0;        // compact() calls that moved tokens
 };
 
 // Where attention reads one layer's K or V of one block.
@@ -194,6 +196,49 @@ class KvCache {
   // and recompute the rest (their next queries read FP16 staging).
   void import_block(int32_t block, std::span<const uint8_t> bytes);
 
+  // ---- Eviction and compaction (KV sparsity, issue 4) ----
+  // Evicting sparsity policies drop tokens per (layer, KV head), the same
+  // number in each, so every head keeps the same count and the block table
+  // stays shared by all layers and heads (see BlockTable::slot_positions).
+  // evict() only marks: attention skips the slots at once. compact() then
+  // moves each (layer, head)'s live tokens down, in order, to slots [0, live)
+  // and returns the emptied blocks and their staging slots to the pool.
+  // Keeping the order keeps the newest tokens in the FP16 residual window.
+  //
+  // Codecs: a token whose head data sits apart (token_spans: fp32/fp16/bf16,
+  // head-major token groups, q4_0 with 32 | head_dim, static channel scales)
+  // moves as bytes, exactly. A block of a codec without spans (dynamic
+  // channel groups, groups spanning heads) is decoded and re-encoded when its
+  // contents change: one more rounding of the tokens in that block, bounded by
+  // half a step of its new grid; blocks whose tokens stay put are untouched.
+  // Tokens crossing the residual boundary are encoded as sealing would
+  // encode them (staging to block) or decoded into FP16 staging (block to
+  // staging, only when a policy evicts inside the residual window).
+  //
+  // Shared blocks (ref_count > 1, prefix caching) are never written: a block
+  // that must change is copied to a fresh block first (copy on write).
+
+  // Marks `per_head` slots of every (layer, KV head) evicted; slots is
+  // (n_layers, n_kv_heads, per_head) slot indices of live tokens. Throws
+  // kvserve::Error, changing nothing, for a slot out of range, evicted twice
+  // or a size mismatch.
+  void evict(BlockTable& table, std::span<const int32_t> slots, int32_t per_head);
+  // Compacts the evicted slots away (see above). Returns false, changing
+  // nothing, when shared blocks need copies and too few blocks are free; the
+  // evicted slots then stay masked until a later call succeeds.
+  [[nodiscard]] bool compact(BlockTable& table);
+  // The position of the token in `slot` of (layer, kv_head): its RoPE
+  // position and causal order. -1 once evicted.
+  int32_t slot_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const {
+    const size_t i = (size_t(slot) * size_t(layers_.size()) + size_t(layer)) * size_t(n_kv_heads_) + size_t(kv_head);
+    return i < table.slot_positions.size() ? table.slot_positions[i] : table.position_of_new(slot);
+  }
+  // The position RoPE rotates the key in `slot` by (pre-RoPE keys): the slot
+  // itself with positions in the cache, else the token's position.
+  int32_t key_rope_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const {
+    return table.positions_in_cache ? slot : slot_position(table, layer, kv_head, slot);
+  }
+
  private:
   struct Layer {
     std::unique_ptr<KvCodec> k, v;
@@ -220,6 +265,8 @@ class KvCache {
   std::vector<int32_t> staging_refs_;        // (num_blocks) references per staging slot
   std::vector<uint8_t> sealed_;              // (num_blocks) 1 once a block's encoded form is written
   int64_t tokens_stored_ = 0;
+  int64_t tokens_evicted_ = 0;
+  int64_t compactions_ = 0;
 };
 
 }  // namespace kvserve

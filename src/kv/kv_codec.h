@@ -88,6 +88,12 @@ struct KvCodecConfig {
   std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope
 };
 
+// A run of bytes inside a block: [offset, offset + size).
+struct ByteSpan {
+  size_t offset = 0;
+  size_t size = 0;
+};
+
 class KvCodec {
  public:
   virtual ~KvCodec() = default;
@@ -108,6 +114,14 @@ class KvCodec {
   virtual void encode_block(uint8_t* block, const float* x, int n) const;
   // Reads token `slot` back into out (kv_dim floats).
   virtual void decode_token(const uint8_t* block, int slot, float* out) const = 0;
+  // The bytes holding KV head `kv_head` of token `slot` (codes and their
+  // metadata) when the layout keeps them apart from every other token and
+  // head: copying them into another block of this codec moves that head's
+  // token exactly, which eviction's compaction relies on. Writes at most two
+  // spans to out and returns how many; 0 when metadata is shared across
+  // tokens or heads (channel groups, groups spanning heads), where moving a
+  // token means decoding and re-encoding its block.
+  virtual int token_spans(int slot, int kv_head, ByteSpan* out) const { return 0; }
 
   // Attention scores of the n_q query heads that share KV head `kv_head`
   // against the first n keys of the block:

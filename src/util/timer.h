@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <ctime>
 
 namespace kvserve {
 
@@ -15,6 +16,23 @@ class Timer {
 
  private:
   std::chrono::steady_clock::time_point start_;
+};
+
+// CPU time of the calling thread: on a shared machine, time the thread was
+// descheduled does not count (time stalled on memory does).
+class ThreadCpuTimer {
+ public:
+  ThreadCpuTimer() : start_(now()) {}
+  void reset() { start_ = now(); }
+  double seconds() const { return now() - start_; }
+
+ private:
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+  }
+  double start_;
 };
 
 }  // namespace kvserve

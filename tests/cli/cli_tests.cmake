@@ -85,3 +85,32 @@ if(KVSERVE_NODE)
 else()
   message(WARNING "node not found: server.openai_node (the OpenAI client test) is not registered")
 endif()
+
+# Long-context attention benchmark (issue 4): a tiny synthetic run has the
+# JSON contract; the capture writes a dump; missing inputs are clear errors.
+add_test(NAME cli.bench_attention_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--attention-only;--workloads;synthetic;--keys;2048;--head-dims;16;--queries;2;--flush-mib;0;--topk-budgets;256;--hnsw-ef;32;--ivf-nprobe;4;--ivf-candidates;64;--ivf-nlist;16;--ivf-train-keys;1024;--compare-transforms;false;--json"
+  "-DFIELDS=attention_bench;rows" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.bench_dump_qk_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--dump-qk;${CMAKE_BINARY_DIR}/cli_dump.qk;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--dump-max-tokens;512;--json"
+  "-DFIELDS=dump_qk;tokens;chunk;head_dim" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.error_attention_without_dump "need --qk-file"
+  bench --attention-only --workloads real --keys 1024)
+kvserve_error_test(cli.error_attention_bad_list "not a positive integer"
+  bench --attention-only --workloads synthetic --keys 16k)
+
+# KV sparsity policies (issue 4): streaming perplexity and generation report
+# the policy's fields; sinks generate past the context length; bad policy
+# options are clear errors.
+add_test(NAME cli.perplexity_streaming_policy_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;perplexity;--model;${MODELS}/stories260K.gguf;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--ctx;128;--chunks;2;--streaming;--kv-policy;h2o;--kv-budget;32;--json"
+  "-DFIELDS=ppl;kv_tokens_kept_mean;kv_read_fraction;kv_policy;kv_tokens_evicted" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.generate_sinks_past_context_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;generate;--model;${MODELS}/stories260K.gguf;--prompt;${ONCE};--max-tokens;1200;--temperature;0;--kv-policy;sinks;--kv-budget;64;--kv-blocks;8;--json"
+  "-DFIELDS=kv_bytes_used_history;kv_bytes_used_peak;kv_tokens_kept_mean;kv_tokens_evicted" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.error_policy_without_streaming "--streaming"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 128 --chunks 1 --kv-policy window --kv-budget 16)
+kvserve_error_test(cli.error_policy_unknown "unknown --kv-policy"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-policy lru --kv-budget 8)
+kvserve_error_test(cli.error_policy_past_context "only positions within the cache"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 1000 --kv-policy window --kv-budget 8)

@@ -1,0 +1,108 @@
+#include "attention/sparsity_policy.h"
+
+#include <fmt/format.h>
+
+#include "attention/ann_policy.h"
+#include "attention/h2o_policy.h"
+#include "attention/snapkv_policy.h"
+#include "attention/topk_policy.h"
+#include "attention/window_policy.h"
+#include "util/error.h"
+
+namespace kvserve {
+namespace {
+
+// full: every token, read in full; the policy only counts passes.
+class FullPolicy final : public SparsityPolicy {
+ public:
+  std::string_view name() const override { return "full"; }
+};
+
+}  // namespace
+
+SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache) {
+  const std::string& p = o.policy;
+  if (p == "full") return o;
+  if (p != "window" && p != "sinks" && p != "h2o" && p != "snapkv" && p != "topk" && p != "ann")
+    fail("unknown --kv-policy '{}' (expected {})", p, fmt::join(sparsity_policy_names(), ", "));
+  if (o.budget <= 0) fail("--kv-policy {} needs --kv-budget TOKENS (got {})", p, o.budget);
+  if (o.pool < 1 || o.pool % 2 == 0) fail("--kv-pool must be odd and positive (got {})", o.pool);
+  if (o.compact_slack < 0) fail("--kv-compact-slack must be >= 0 (got {})", o.compact_slack);
+  if (o.horizon < 0) fail("--kv-horizon must be >= 0 (got {})", o.horizon);
+  if (o.horizon > 0 && p != "h2o" && p != "snapkv") fail("--kv-horizon applies to h2o and snapkv");
+  if (o.value_weighted && p != "h2o" && p != "snapkv") fail("--kv-value-norm applies to h2o and snapkv");
+  if (o.sinks < -1 || o.window < -1 || o.observe < -1 || o.observe == 0)
+    fail("--kv-sinks, --kv-window and --kv-observe must be positive when given");
+  if (o.sinks < 0) o.sinks = p == "sinks" ? 4 : 0;
+  if (o.observe < 0) o.observe = std::min(32, std::max(1, o.budget / 2));
+  if (o.window < 0) {
+    if (p == "window" || p == "sinks") o.window = o.budget - o.sinks;
+    else if (p == "h2o" || p == "ann") o.window = o.budget / 2;
+    else if (p == "snapkv") o.window = std::min(o.observe, o.budget - o.sinks);
+    else o.window = 0;
+  }
+  if (p != "topk" && o.sinks + o.window > o.budget)
+    fail("--kv-sinks {} + --kv-window {} exceed --kv-budget {}", o.sinks, o.window, o.budget);
+  if (p == "sinks" && o.sinks >= o.budget) fail("--kv-sinks {} leaves no window in --kv-budget {}", o.sinks, o.budget);
+  if (o.positions == SparsityPositions::Default)
+    o.positions = p == "sinks" ? SparsityPositions::Cache : SparsityPositions::Original;
+  if (o.positions == SparsityPositions::Cache) {
+    if (p == "topk" || p == "ann") fail("--kv-positions cache applies to evicting policies only");
+    for (int l = 0; l < cache.n_layers(); ++l)
+      if (!cache.k_pre_rope(l))
+        fail("--kv-policy {} with positions within the cache needs keys stored before RoPE in every layer "
+             "(--kv-k-pre-rope; layer {} stores them after)", p, l);
+  }
+  return o;
+}
+
+std::vector<std::string> sparsity_policy_names() { return {"full", "window", "sinks", "h2o", "snapkv", "topk", "ann"}; }
+
+SparsityScope parse_sparsity_scope(std::string_view name) {
+  if (name == "head") return SparsityScope::Head;
+  if (name == "aggregate") return SparsityScope::Aggregate;
+  fail("unknown --kv-scope '{}' (expected head or aggregate)", name);
+}
+
+H2oScore parse_h2o_score(std::string_view name) {
+  if (name == "sum") return H2oScore::Sum;
+  if (name == "mean") return H2oScore::Mean;
+  fail("unknown --kv-score '{}' (expected sum or mean)", name);
+}
+
+SparsityPositions parse_sparsity_positions(std::string_view name) {
+  if (name == "original") return SparsityPositions::Original;
+  if (name == "cache") return SparsityPositions::Cache;
+  fail("unknown --kv-positions '{}' (expected original or cache)", name);
+}
+
+std::unique_ptr<SparsityPolicy> make_sparsity_policy(const SparsityOptions& options, const KvCache& cache) {
+  const SparsityOptions o = resolve_sparsity_options(options, cache);
+  if (o.policy == "full") return std::make_unique<FullPolicy>();
+  if (o.policy == "window" || o.policy == "sinks") return std::make_unique<WindowPolicy>(o, cache);
+  if (o.policy == "h2o") return std::make_unique<H2oPolicy>(o, cache);
+  if (o.policy == "snapkv") return std::make_unique<SnapKvPolicy>(o, cache);
+  if (o.policy == "topk") return std::make_unique<TopKPolicy>(o, cache);
+  return std::make_unique<AnnPolicy>(o, cache);
+}
+
+std::string describe(const SparsityOptions& options) {
+  const SparsityOptions& o = options;
+  if (o.policy == "full") return "full";
+  std::string s = fmt::format("{} budget {}", o.policy, o.budget);
+  if (o.policy == "topk") return s;
+  if (o.policy == "ann")
+    return s + fmt::format(" (sinks {}, window {}, {}/{})", o.sinks, o.window, key_index_backend_name(o.ann_backend),
+                           mips_transform_name(o.ann_transform));
+  s += fmt::format(" (sinks {}, window {}", o.sinks, o.window);
+  if (o.policy == "h2o" || o.policy == "snapkv")
+    s += o.scope == SparsityScope::Head ? ", per head" : ", aggregate";
+  if (o.policy == "h2o") s += o.score == H2oScore::Sum ? ", sum" : ", mean";
+  if (o.value_weighted) s += " x value norm";
+  if (o.policy == "snapkv") s += fmt::format(", observe {}, pool {}", o.observe, o.pool);
+  if (o.horizon > 0) s += fmt::format(", horizon {}", o.horizon);
+  s += o.positions == SparsityPositions::Cache ? ", cache positions)" : ")";
+  return s;
+}
+
+}  // namespace kvserve

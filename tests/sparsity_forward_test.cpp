@@ -1,0 +1,242 @@
+// Sparsity policies in the real forward pass (stories260K): a policy that
+// keeps everything changes nothing, compacting changes no logit (eager and
+// lazy compaction agree but for summation order, keys before or after RoPE),
+// attention weights reach the policy, sinks run far past the context length,
+// evicting policies free blocks as generation runs, and streaming perplexity
+// with full attention equals the plain protocol.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "engine/generator.h"
+#include "engine/perplexity.h"
+#include "engine/transformer.h"
+#include "test_support.h"
+
+namespace kvserve {
+namespace {
+
+class StoriesSparsity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model = Model::load(testing_files::kStoriesGguf);
+    tf = std::make_unique<Transformer>(*model, pool);
+    const std::string text =
+        "Once upon a time, there was a little dog named Max. He liked to run in the park with his friend Lily. "
+        "One day, Max saw a big red ball under a tree. He ran to the ball and pushed it with his nose. Lily "
+        "laughed and threw the ball far away.";
+    tokens = model->require_tokenizer().encode(text, true);
+  }
+
+  // Logits of every token, run one token per forward pass with `policy`.
+  std::vector<float> decode_all(KvCache& cache, SparsityPolicy* policy) {
+    BlockTable table;
+    std::vector<BatchEntry> batch(1);
+    batch[0].table = &table;
+    batch[0].policy = policy;
+    Logits logits;
+    std::vector<float> all;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_TRUE(cache.reserve(table, 1));
+      batch[0].tokens = std::span<const int32_t>(tokens.data() + i, 1);
+      tf->forward(batch, cache, logits);
+      all.insert(all.end(), logits.values.begin(), logits.values.end());
+    }
+    cache.release(table);
+    return all;
+  }
+
+  KvCacheOptions kv_options(bool pre_rope = false) const {
+    KvCacheOptions o;
+    o.num_blocks = 40;
+    o.k.pre_rope = pre_rope;
+    return o;
+  }
+
+  ThreadPool pool{2};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Transformer> tf;
+  std::vector<int32_t> tokens;
+};
+
+SparsityOptions policy(const std::string& name, int32_t budget) {
+  SparsityOptions o;
+  o.policy = name;
+  o.budget = budget;
+  return o;
+}
+
+TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
+  ASSERT_GT(tokens.size(), 50u);
+  KvCache cache(model->config(), kv_options());
+  const std::vector<float> full = decode_all(cache, nullptr);
+  for (const std::string name : {"full", "window", "h2o", "snapkv", "topk", "ann"}) {
+    auto p = make_sparsity_policy(policy(name, name == "full" ? 0 : 1000), cache);
+    EXPECT_EQ(decode_all(cache, p.get()), full) << name;
+    EXPECT_EQ(p->stats().tokens_evicted, 0) << name;
+  }
+}
+
+TEST_F(StoriesSparsity, CompactionChangesNoLogit) {
+  // Evicted slots are masked at once; compacting them after every eviction
+  // (slack 1) or never (slack larger than the text) must not change the
+  // logits: moved tokens keep their positions, scores and bytes.
+  for (bool pre_rope : {false, true}) {
+    KvCache cache(model->config(), kv_options(pre_rope));
+    for (const std::string name : {"window", "h2o", "snapkv"}) {
+      SparsityOptions eager = policy(name, 12), lazy = policy(name, 12);
+      eager.compact_slack = 1;
+      lazy.compact_slack = 1000;
+      auto a = make_sparsity_policy(eager, cache), b = make_sparsity_policy(lazy, cache);
+      const std::vector<float> la = decode_all(cache, a.get()), lb = decode_all(cache, b.get());
+      // Equal but for summation order: masked slots sit between live ones in
+      // the SIMD reductions of the lazy run (a different keep set would move
+      // logits by far more).
+      ASSERT_EQ(la.size(), lb.size());
+      float worst = 0;
+      for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lb[i]));
+      EXPECT_LE(worst, 1e-4f) << name << (pre_rope ? " pre-RoPE keys" : "");
+      EXPECT_EQ(a->stats().tokens_evicted, int64_t(tokens.size()) - 12);
+      EXPECT_EQ(a->stats().compactions, int64_t(tokens.size()) - 12) << name;
+      EXPECT_EQ(b->stats().compactions, 0) << name;
+      // And eviction did change the predictions.
+      EXPECT_NE(la, decode_all(cache, nullptr)) << name;
+    }
+  }
+}
+
+// Records what the forward pass tells a policy.
+class SpyPolicy final : public SparsityPolicy {
+ public:
+  explicit SpyPolicy(int n_kv_heads) : n_kv_heads_(n_kv_heads) {}
+  std::string_view name() const override { return "spy"; }
+  bool wants_attention_weights() const override { return true; }
+  void observe(int layer, int kv_head, const float* weights, int32_t n_ctx) override {
+    double sum = 0;
+    for (int32_t s = 0; s < n_ctx; ++s) sum += weights[s];
+    sums.push_back(sum);
+    ++calls;
+    last_n_ctx = n_ctx;
+  }
+  std::vector<double> sums;
+  int64_t calls = 0;
+  int32_t last_n_ctx = 0;
+  int n_kv_heads_;
+};
+
+TEST_F(StoriesSparsity, AttentionWeightsReachThePolicy) {
+  KvCache cache(model->config(), kv_options());
+  SpyPolicy spy(model->config().n_kv_heads);
+  BlockTable table;
+  std::vector<BatchEntry> batch(1);
+  batch[0].table = &table;
+  batch[0].policy = &spy;
+  Logits logits;
+  ASSERT_TRUE(cache.reserve(table, int32_t(tokens.size())));
+  batch[0].tokens = tokens;  // a prefill: every query is observed, in order
+  tf->forward(batch, cache, logits);
+  const ModelConfig& c = model->config();
+  EXPECT_EQ(spy.calls, int64_t(tokens.size()) * c.n_layers * c.n_kv_heads);
+  // Each query head's softmax sums to 1, and the GQA group's are summed.
+  for (double s : spy.sums) EXPECT_NEAR(s, double(c.gqa_group()), 1e-4);
+  EXPECT_EQ(spy.last_n_ctx, int32_t(tokens.size()));
+  cache.release(table);
+}
+
+TEST_F(StoriesSparsity, SinksGenerateFarPastTheContextLength) {
+  // Positions within the cache: generation goes on past the 512-token
+  // context with finite logits and in-vocabulary tokens, in bounded memory.
+  KvCacheOptions o = kv_options(true);
+  o.num_blocks = 8;  // 128 tokens: far less than the text
+  KvCache cache(model->config(), o);
+  auto sinks = make_sparsity_policy(policy("sinks", 64), cache);
+  const int32_t vocab = model->config().vocab_size, steps = 2 * model->config().seq_len + 100;
+  BlockTable table;
+  std::vector<BatchEntry> batch(1);
+  batch[0].table = &table;
+  batch[0].policy = sinks.get();
+  Logits logits;
+  int32_t token = 1;
+  int32_t max_blocks = 0;
+  for (int32_t i = 0; i < steps; ++i) {
+    ASSERT_TRUE(cache.reserve(table, 1)) << "step " << i;
+    batch[0].tokens = std::span<const int32_t>(&token, 1);
+    tf->forward(batch, cache, logits);
+    for (int32_t v = 0; v < vocab; ++v) ASSERT_TRUE(std::isfinite(logits.row(0)[v])) << "step " << i;
+    token = argmax(logits.row(0), vocab);
+    ASSERT_GE(token, 0);
+    ASSERT_LT(token, vocab);
+    max_blocks = std::max(max_blocks, cache.stats().blocks_used);
+  }
+  EXPECT_EQ(table.position_of_new(table.num_tokens), steps);  // the text's length
+  EXPECT_LE(table.num_tokens, 64 + 16);                         // slots: the budget and one block
+  EXPECT_EQ(table.live_tokens(), 64);
+  EXPECT_LE(max_blocks, 5);
+  // The first four positions are still there.
+  for (int32_t s = 0; s < 4; ++s) EXPECT_EQ(cache.slot_position(table, 2, 1, s), s);
+  cache.release(table);
+}
+
+TEST_F(StoriesSparsity, EvictingGenerationFreesBlocks) {
+  KvCacheOptions o = kv_options();
+  KvCache cache(model->config(), o);
+  GenerateOptions g;
+  g.max_tokens = 300;
+  g.sampling.temperature = 0;
+  g.stop_at_eos = false;
+  g.sparsity = policy("window", 32);
+  const std::vector<int32_t> prompt = {1};
+  const GenerateResult r = generate(*tf, cache, prompt, g, [](int32_t, int32_t) {}, 1, 2);
+  ASSERT_EQ(r.kv_bytes_used.size(), 300u);
+  const int64_t block = cache.stats().bytes_per_block;
+  // 32 tokens and up to 15 evicted slots: never more than 3 blocks after a
+  // step; the peak (new token written, before eviction) is 3 blocks too.
+  for (size_t i = 48; i < r.kv_bytes_used.size(); ++i) EXPECT_LE(r.kv_bytes_used[i], 3 * block) << i;
+  EXPECT_EQ(r.kv_bytes_used_peak, 3 * block);
+  EXPECT_EQ(r.kv_peak.tokens_stored, 32);
+  // After decode step i the sequence holds min(i + 1, 32) tokens: 9103 over 299 steps.
+  EXPECT_DOUBLE_EQ(r.kv_tokens_kept_mean, 9103.0 / 299.0);
+  EXPECT_EQ(r.sparsity.tokens_evicted, 300 - 32);
+  EXPECT_EQ(cache.stats().blocks_used, 0);  // all returned at the end
+  // Full attention grows to 300 tokens: 19 blocks.
+  g.sparsity = SparsityOptions{};
+  const GenerateResult f = generate(*tf, cache, prompt, g, [](int32_t, int32_t) {}, 1, 2);
+  EXPECT_EQ(f.kv_bytes_used.back(), 19 * block);
+}
+
+TEST_F(StoriesSparsity, StreamingPerplexityWithFullEqualsThePlainProtocol) {
+  std::ifstream in(testing_files::kTinyStories);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::vector<int32_t> all = model->require_tokenizer().encode(text.str(), true);
+  KvCache cache(model->config(), kv_options());
+  PerplexityOptions p;
+  p.ctx = 128;
+  p.chunks = 4;
+  const PerplexityResult plain = perplexity(*tf, cache, all, 1, p);
+  p.streaming = true;
+  const PerplexityResult streaming = perplexity(*tf, cache, all, 1, p);
+  // One token per pass instead of a 128-token prefill: the same arithmetic
+  // but for summation order in the matrix products.
+  EXPECT_NEAR(streaming.ppl, plain.ppl, plain.ppl * 1e-5);
+  EXPECT_EQ(streaming.tokens_scored, plain.tokens_scored);
+  EXPECT_DOUBLE_EQ(streaming.kv_read_fraction, 1.0);
+  // Scored positions 64..126 keep 65..127 tokens: the mean is 96.
+  EXPECT_DOUBLE_EQ(streaming.kv_tokens_kept_mean, 96.0);
+  // A window of 16 keeps 16; topk reads a fraction but keeps all.
+  p.sparsity = policy("window", 16);
+  EXPECT_DOUBLE_EQ(perplexity(*tf, cache, all, 1, p).kv_tokens_kept_mean, 16.0);
+  p.sparsity = policy("topk", 32);
+  const PerplexityResult topk = perplexity(*tf, cache, all, 1, p);
+  EXPECT_LT(topk.kv_read_fraction, 0.6);
+  EXPECT_GT(topk.kv_read_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(topk.kv_tokens_kept_mean, 96.0);
+  // A policy without streaming would hide its evictions in a prefill.
+  p.streaming = false;
+  testing_files::expect_error_containing([&] { perplexity(*tf, cache, all, 1, p); }, "--streaming");
+}
+
+}  // namespace
+}  // namespace kvserve
