@@ -383,3 +383,58 @@ TEST_F(EnginePrefixTest, TenantsNeverShareBlocks) {
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+// A request's KV sparsity policy runs inside the batch: the tokens equal
+// generate() with the same policy, and the sequence holds only its budget.
+TEST_F(EngineTest, PerRequestPolicyMatchesGenerateAndBoundsTheKv) {
+  const std::vector<int32_t> prompt = tok->encode("Once upon a time", true);
+  SparsityOptions window;
+  window.policy = "h2o";
+  window.budget = 32;
+  std::vector<int32_t> want;
+  {
+    ThreadPool pool(1);
+    KvCacheOptions o;
+    o.num_blocks = 64;
+    KvCache cache(model->config(), o);
+    Transformer tf(*model, pool);
+    GenerateOptions g;
+    g.max_tokens = int32_t(prompt.size()) + 150 - 1;
+    g.sampling.temperature = 0;
+    g.stop_at_eos = false;
+    g.sparsity = window;
+    GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
+    want.assign(r.tokens.begin() + long(prompt.size()), r.tokens.end());
+  }
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.num_blocks = 64;
+  Engine engine(*model, o);
+  std::map<RequestId, Collected> out;
+  Request r = request("Once upon a time", 150, out);
+  r.stop_at_eos = false;
+  r.sparsity = window;
+  const RequestId id = engine.submit(r).id;
+  Request plain = request("Lily had a red ball", 20, out);  // a full-attention neighbour in the same batches
+  const RequestId other = engine.submit(plain).id;
+  engine.run_until_idle();
+  EXPECT_EQ(out[id].tokens, want);
+  EXPECT_EQ(out[other].finish, FinishReason::Length);
+  const EngineStats s = engine.stats();
+  EXPECT_GT(s.kv.tokens_evicted, 0);
+  // 32 kept tokens plus one block of slack and the neighbour's 2 blocks, never the 10 blocks of 155 tokens.
+  EXPECT_LE(s.kv_bytes_peak, 6 * s.kv.bytes_per_block);
+  EXPECT_EQ(s.kv.blocks_used, 0);
+
+  // A policy the cache cannot serve is refused at submit.
+  Request bad = request("Once upon a time", 10, out);
+  bad.sparsity.policy = "h2o";
+  bad.sparsity.budget = 0;
+  EXPECT_EQ(engine.submit(bad).status, SubmitResult::Status::Invalid);
+}
+
+}  // namespace
+}  // namespace kvserve

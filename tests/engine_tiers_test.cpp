@@ -93,10 +93,12 @@ TEST_F(EngineTiersTest, TenantsDoNotSeeEachOthersBlocksInTheTiers) {
     Engine engine(*model, options("disk:" + dir + ":64MiB"));
     serve(engine, {"Lily"}, "alice");
   }
-  Engine engine(*model, options("disk:" + dir + ":64MiB"));
-  EXPECT_EQ(serve(engine, {"Lily"}, "bob")[0].usage.cached_tokens, 0);
-  EXPECT_EQ(engine.stats().tier_blocks_loaded, 0);
-  EXPECT_GT(serve(engine, {"Lily"}, "alice")[0].usage.cached_tokens, 0);
+  {
+    Engine engine(*model, options("disk:" + dir + ":64MiB"));
+    EXPECT_EQ(serve(engine, {"Lily"}, "bob")[0].usage.cached_tokens, 0);
+    EXPECT_EQ(engine.stats().tier_blocks_loaded, 0);
+    EXPECT_GT(serve(engine, {"Lily"}, "alice")[0].usage.cached_tokens, 0);
+  }  // its writer has finished before the directory goes
   std::filesystem::remove_all(dir);
 }
 

@@ -1,10 +1,11 @@
 // Per-request KV options are checked against the server's one cache: its own
 // types pass, other types and unknown names get a 400 naming the server's
-// configuration, and sparsity fields are refused until policies exist.
+// configuration, and sparsity fields name one of the policies offered.
 #include "server/kv_request.h"
 
 #include <gtest/gtest.h>
 
+#include "attention/sparsity_policy.h"
 #include "kv/kv_spec.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -28,7 +29,7 @@ TEST_F(KvRequestTest, TheServersOwnTypesPassOthersAreRefused) {
   EXPECT_EQ(limits.k, KvDType::INT4);
   EXPECT_EQ(limits.v, KvDType::INT4);
   EXPECT_EQ(limits.description, kv_codec_description(cache));
-  EXPECT_TRUE(limits.policies.empty());
+  EXPECT_EQ(limits.policies, sparsity_policy_names());
 
   EXPECT_FALSE(check_kv_request({}, limits));
   EXPECT_FALSE(check_kv_request({"int4", "int4", "", 0}, limits));
@@ -56,7 +57,7 @@ TEST_F(KvRequestTest, MixedPrecisionServersAcceptNoType) {
   EXPECT_NE(e->message.find("mixed per layer"), std::string::npos) << e->message;
 }
 
-TEST_F(KvRequestTest, SparsityIsRefusedUntilPoliciesExist) {
+TEST_F(KvRequestTest, SparsityNeedsAPolicyTheServerOffers) {
   KvRequestLimits limits;
   auto e = check_kv_request({"", "", "sinks", 256}, limits);
   ASSERT_TRUE(e);

@@ -38,7 +38,7 @@ struct BenchArgs {
 
 void run_workload_bench(const BenchArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
-  EngineOptions eo = engine_options(a.common, a.engine, model->config().n_layers);
+  EngineOptions eo = engine_options(a.common, a.engine, model->config().n_layers, sparsity_options(a.sparsity));
   eo.max_waiting = std::max(eo.max_waiting, a.workload.concurrency);
   Engine engine(*model, eo);
   const WorkloadReport r = run_workload(engine, a.workload);

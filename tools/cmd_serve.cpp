@@ -24,6 +24,7 @@ struct ServeArgs {
   HttpServerOptions http;
   std::string api_keys;          // key file; empty = no keys
   EngineCliOptions engine_flags;
+  SparsityFlags sparsity;        // the default policy of requests without "kv": {"policy": ...}
   double drain_timeout = 30;     // seconds running requests may take to finish after SIGTERM
 };
 
@@ -38,7 +39,7 @@ void run(ServeArgs& a) {
 
   if (a.drain_timeout < 0) fail("--drain-timeout must be >= 0 (got {})", a.drain_timeout);
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
-  EngineOptions eo = engine_options(a.common, a.engine_flags, model->config().n_layers);
+  EngineOptions eo = engine_options(a.common, a.engine_flags, model->config().n_layers, sparsity_options(a.sparsity));
   // A server shares one cache between many sequences: 1 GiB unless told.
   if (eo.kv.num_blocks == 0 && eo.kv.budget_bytes == 0)
     eo.kv.budget_bytes = int64_t(1) << 30;
@@ -91,6 +92,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--chat-template", a->http.chat_template,
                   "chat format: plain | chatml | llama2 | llama3 (default: from the GGUF, else plain)");
   add_engine_options(*cmd, a->engine_flags);
+  add_sparsity_options(*cmd, a->sparsity);
   cmd->add_option("--drain-timeout", a->drain_timeout, "seconds running requests may take to finish on SIGTERM")
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http.http_threads,

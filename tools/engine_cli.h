@@ -31,7 +31,9 @@ struct EngineCliOptions {
 // --prefix-* flags and --kv-tiers.
 void add_engine_options(CLI::App& cmd, EngineCliOptions& o);
 
-// The engine configuration the common and engine flags describe.
-EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers);
+// The engine configuration the common and engine flags describe; `sparsity`
+// is the default policy of requests (the --kv-policy flags).
+EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers,
+                             const SparsityOptions& sparsity);
 
 }  // namespace kvserve::cli

@@ -78,10 +78,12 @@ PrefixHooks Engine::prefix_hooks() {
   if (!prefix_) return {};
   PrefixHooks h;
   h.cached_tokens = [this](Sequence& seq) {
+    if (seq.evicting()) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     return prefix_->cached_tokens(seq.scope, seq.keys, int32_t(seq.tokens().size()));
   };
   h.inflight_tokens = [this](Sequence& seq) {
+    if (seq.evicting()) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     // Leading blocks seq shares with a running sequence that will have computed
     // them when its prefill ends (its keys cover its whole prompt by then).
@@ -95,12 +97,14 @@ PrefixHooks Engine::prefix_hooks() {
     return int32_t(best) * cache_.block_size();
   };
   h.match = [this](Sequence& seq) {
+    if (seq.evicting()) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);
     seq.checkpoint = m.checkpoint_tokens;
     return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };
   h.release = [this](Sequence& seq) {
+    if (seq.evicting()) return cache_.release(seq.table);
     prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.table.num_tokens)), seq.keys);
     prefix_->release(seq.scope, seq.table, seq.keys);
     write_published(seq);
@@ -136,7 +140,7 @@ CacheScope Engine::scope_for(const Request& r) {
 }
 
 void Engine::publish_prefix(Sequence& seq) {
-  if (!prefix_) return;
+  if (!prefix_ || seq.evicting()) return;
   prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.num_computed)), seq.keys);
   prefix_->publish(seq.scope, seq.table, seq.keys);
   write_published(seq);
@@ -211,12 +215,27 @@ SubmitResult Engine::submit(Request r) {
   const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
   if (int64_t(r.prompt.size()) >= c.seq_len)
     return invalid(fmt::format("the prompt has {} tokens; the model's context length is {}", r.prompt.size(), c.seq_len));
-  if (total > c.seq_len)
+  // The policy decides how many tokens the sequence holds and whether it may
+  // run past the context (sinks: positions within the cache).
+  if (r.sparsity.policy.empty()) r.sparsity = options_.sparsity;
+  int64_t held = total;
+  bool unbounded = false;
+  if (r.sparsity.policy != "full") {
+    try {
+      const std::unique_ptr<SparsityPolicy> probe = make_sparsity_policy(r.sparsity, cache_);
+      const int64_t most = probe->max_tokens_held(options_.scheduler.max_batch_prefill_tokens);
+      if (most >= 0) held = std::min(held, most);
+      unbounded = probe->unbounded_positions();
+    } catch (const Error& e) {
+      return invalid(e.what());
+    }
+  }
+  if (total > c.seq_len && !unbounded)
     return invalid(fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length of {}",
                                r.prompt.size(), r.max_tokens, total, c.seq_len));
-  if (!cache_.fits(total))
-    return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", total,
-                               cache_.blocks_for(total), cache_.pool().num_blocks()));
+  if (!cache_.fits(held))
+    return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", held,
+                               cache_.blocks_for(held), cache_.pool().num_blocks()));
   try {
     r.sampling.validate();
   } catch (const Error& e) {
@@ -253,6 +272,7 @@ void Engine::absorb_inbox() {
   for (auto& seq : in.requests) {
     ++local_.requests_submitted;
     seq->scope = scope_for(seq->request());
+    if (seq->request().sparsity.policy != "full") seq->policy = make_sparsity_policy(seq->request().sparsity, cache_);
     scheduler_.add(seq.get());
     sequences_.emplace(seq->id(), std::move(seq));
   }
@@ -329,6 +349,8 @@ bool Engine::run_step() {
   SchedulePlan plan = scheduler_.schedule();
   local_.preemptions += int64_t(plan.preempted.size());
   for (Sequence* seq : plan.admitted) {
+    // A preempted sequence is recomputed from scratch: so is its policy's state.
+    if (seq->preemptions > 0 && seq->policy) seq->policy = make_sparsity_policy(seq->request().sparsity, cache_);
     if (seq->preemptions > 0) continue;  // counted at its first admission
     local_.prompt_tokens += seq->num_prompt();
     local_.cached_prompt_tokens += seq->cached_tokens;
@@ -342,6 +364,7 @@ bool Engine::run_step() {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Sequence* seq = plan.chunks[i].seq;
     batch[i].table = &seq->table;
+    batch[i].policy = seq->policy.get();
     batch[i].tokens = std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
   }
   try {

@@ -55,6 +55,9 @@ struct EngineOptions {
   std::string tenant_secret;
   int32_t tenant_quota_blocks = -1;  // cached blocks per tenant; -1 = no quota
 
+  // The KV sparsity policy of requests that do not name one.
+  SparsityOptions sparsity;
+
   // Tiers below memory (issue 7), e.g. "host:2GiB,disk:/var/kv:20GiB,redis://127.0.0.1:6379"
   // (store/tier_spec.h); empty = none. Needs prefix caching: blocks are found
   // by their prefix-cache keys. Every block the prefix cache publishes is

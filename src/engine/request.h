@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attention/sparsity_policy.h"
 #include "engine/sampler.h"
 
 namespace kvserve {
@@ -56,6 +57,11 @@ struct Request {
   std::string tenant;             // authenticated tenant (set by the server, not the client);
                                   // empty = the default tenant
   std::string session;            // non-empty: prefix caching in this session's own scope
+  // KV sparsity for this request (policy "full" = every token kept and read;
+  // empty = the engine's default, EngineOptions::sparsity). Sequences under
+  // an evicting policy neither use nor feed the prefix cache: after an
+  // eviction a slot no longer holds the token its block key names.
+  SparsityOptions sparsity = {.policy = ""};
   RequestCallback on_event;
 };
 

@@ -80,12 +80,17 @@ bool Scheduler::admit(Sequence* seq) {
   const int32_t matched = prefix_.match ? prefix_.match(*seq) : 0;
   seq->num_computed = matched;
   seq->cached_tokens = std::min(matched, seq->num_prompt());
-  const int32_t need = cache_.blocks_for(int64_t(seq->tokens().size())) - int32_t(seq->table.blocks.size());
+  // Blocks for the whole pending prompt, or for its first chunk under an
+  // evicting policy (which holds at most its budget, however long the prompt).
+  const int32_t reserve = seq->evicting() ? std::min(seq->chunk_limit(), options_.max_batch_prefill_tokens)
+                                          : seq->num_pending();
+  const int32_t need =
+      cache_.blocks_for(int64_t(seq->table.num_tokens) + reserve) - int32_t(seq->table.blocks.size());
   // The watermark keeps room for running decodes; with nothing running, the
   // whole pool is the sequence's.
   const int32_t watermark = running_.empty() ? 0 : watermark_;
   // Idle prefix-cache blocks count as free: allocation reclaims them.
-  if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, seq->num_pending())) {
+  if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, reserve)) {
     release(*seq);
     seq->cached_tokens = 0;
     seq->checkpoint = 0;
@@ -115,6 +120,9 @@ SchedulePlan Scheduler::schedule() {
       plan.chunks.push_back({seq, seq->num_pending()});
     } else if (budget > 0) {
       const int32_t n = std::min(budget, seq->chunk_limit());
+      // An evicting sequence reserves chunk by chunk (compaction returns the
+      // blocks it no longer needs); it waits a step when none is free.
+      if (!cache_.reserve(seq->table, n)) continue;
       budget -= n;
       plan.prefill_tokens += n;
       plan.chunks.push_back({seq, n});

@@ -1,8 +1,9 @@
 // One request inside the engine: its tokens, how many of them have KV in the
 // cache, its block table, its sampler, and the text it has emitted.
 //
-// Invariant: the KV of tokens[0, num_computed) is in the cache (table.num_tokens
-// == num_computed while Running). Tokens past num_computed are "pending": the
+// Invariant: the KV of tokens[0, num_computed) has been written to the cache
+// (table.num_tokens == num_computed while Running, unless an evicting
+// sparsity policy has dropped some: then the table holds fewer). Tokens past num_computed are "pending": the
 // rest of the prompt while prefilling, or the one newest sampled token while
 // decoding. A step runs some pending tokens; when it runs the last one, the
 // logits give the next token. Preemption by recompute sets num_computed back
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,8 @@ class Sequence {
   double first_token_seconds = 0;  // engine clock at the first generated token (0 = none yet)
   double last_token_seconds = 0;
   Sampler sampler;
+  std::unique_ptr<SparsityPolicy> policy;  // null for "full": the forward pass does no extra work
+  bool evicting() const { return policy && policy->evicts(); }
 
  private:
   RequestId id_;

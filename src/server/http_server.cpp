@@ -308,6 +308,17 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
     r->prompt = tokenizer_->encode(cr.prompt_text, tokenizer_->add_bos_default());
   }
   if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param);
+  if (!cr.kv.policy.empty()) {
+    // The engine checks the policy against its cache and budget (400 on error).
+    r->sparsity = SparsityOptions{};
+    r->sparsity.policy = cr.kv.policy;
+    r->sparsity.budget = cr.kv.budget;
+    try {
+      (void)resolve_sparsity_options(r->sparsity, engine_.cache());
+    } catch (const Error& e) {
+      return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
+    }
+  }
 
   const int64_t n = int64_t(r->prompt.size());
   if (n >= context_length_)

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/sparsity_policy.h"
 #include "kv/kv_codec.h"
 #include "util/error.h"
 
@@ -52,6 +53,7 @@ KvRequestLimits kv_request_limits(const KvCache& cache) {
   for (int i = 1; i < cache.n_layers(); ++i)
     l.uniform = l.uniform && cache.k_codec(i).config().dtype == l.k && cache.v_codec(i).config().dtype == l.v;
   l.description = kv_codec_description(cache);
+  l.policies = sparsity_policy_names();
   return l;
 }
 

@@ -5,9 +5,8 @@
 // may name the storage types it expects ("k": "int4") and is refused with 400
 // when they differ from the server's, so a client never silently gets a
 // different quantization than it asked for. Sparsity fields ("policy",
-// "budget") are parsed here and refused until the engine offers policies: the
-// engine will list them in KvRequestLimits::policies and carry the choice in
-// its Request.
+// "budget") pick one of the engine's policies for the request (the engine
+// checks the budget against its cache).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +25,7 @@ struct KvRequestLimits {
   KvDType k = KvDType::F32;        // the keys' storage type (layer 0 when not uniform)
   KvDType v = KvDType::F32;
   std::string description;         // the cache's codecs, e.g. "K int4/channel/g16 V int4/token/g64"
-  std::vector<std::string> policies;  // sparsity policies offered (none yet)
+  std::vector<std::string> policies;  // sparsity policies offered
 };
 
 [[nodiscard]] KvRequestLimits kv_request_limits(const KvCache& cache);
