@@ -364,6 +364,32 @@ TEST_F(EnginePrefixTest, RequestsArrivingTogetherWaitForTheSharedPrefixInsteadOf
   EXPECT_EQ(s.prefill_tokens_computed, s.prompt_tokens - s.cached_prompt_tokens);
 }
 
+TEST_F(EnginePrefixTest, PinnedPromptSurvivesABurstOfOneOffRequests) {
+  for (const bool pin : {false, true}) {
+    EngineOptions o;
+    o.threads = 1;
+    o.kv.num_blocks = 24;  // 384 tokens; pins may hold 4 blocks
+    std::map<RequestId, Collected> out;
+    Engine engine(*model, o);
+    Request hot = request("Once upon a time, there was a little girl named Lily. She liked", 4, out);
+    hot.pin_prefix = pin;
+    engine.submit(hot);
+    engine.run_until_idle();
+    for (size_t i = 0; i < 20; ++i) {  // ~20 blocks each: far more than the cache holds
+      Request one_off = request(std::string(kPrompts[i % kPrompts.size()]) + " " + std::to_string(i) + " and a "
+                                "long story about many other things that happened one day in the big park",
+                                60, out);
+      engine.submit(one_off);
+      engine.run_until_idle();
+    }
+    const RequestId again = engine.submit(hot).id;
+    engine.run_until_idle();
+    if (pin) EXPECT_GE(out[again].usage.cached_tokens, 16);
+    else EXPECT_EQ(out[again].usage.cached_tokens, 0);
+    EXPECT_LE(engine.stats().prefix.blocks_pinned, engine.stats().prefix.pin_cap_blocks);
+  }
+}
+
 TEST_F(EnginePrefixTest, TenantsNeverShareBlocks) {
   EngineOptions o;
   o.threads = 1;

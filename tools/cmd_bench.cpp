@@ -57,6 +57,12 @@ void run_workload_bench(const BenchArgs& a) {
     j["returning_cached_tokens"] = r.returning_cached_tokens;
     j["returning_hit_rate"] = r.returning_hit_rate;
   }
+  if (a.workload.name == "hot-burst") {
+    j["hot_every"] = a.workload.hot_every;
+    j["hot_hit_rate"] = r.hot_hit_rate;
+    j["prefix_blocks_pinned"] = engine.stats().prefix.blocks_pinned;
+    j["prefix_blocks_evicted"] = engine.stats().prefix.counters.blocks_evicted;
+  }
   const EngineStats es = engine.stats();
   if (es.tiers) {
     j["tier_blocks_loaded"] = r.tier_blocks_loaded;
@@ -81,6 +87,8 @@ void run_workload_bench(const BenchArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
+  if (a.workload.name == "hot-burst")
+    std::printf("hot prompt: %.1f%% of its tokens cached after the first\n", 100 * r.hot_hit_rate);
   if (a.workload.name == "returning")
     std::printf("returning turns: %.1f%% of their prompt tokens cached (%lld loaded from tiers)\n",
                 100 * r.returning_hit_rate, (long long)r.tier_blocks_loaded);
@@ -221,8 +229,11 @@ void register_bench(CLI::App& app) {
   cmd->add_option_function<std::string>("--workload", [a](const std::string& v) {
     a->workload.name = v;
     a->workload_given = true;
-  }, "run a serving workload through the engine instead: shared-prefix | returning");
+  }, "run a serving workload through the engine instead: shared-prefix | returning | hot-burst");
   cmd->add_option("--turns", w.turns, "workload returning: turns per conversation")->capture_default_str();
+  cmd->add_option("--hot-every", w.hot_every, "workload hot-burst: one hot request in this many")->capture_default_str();
+  cmd->add_option("--pin-hot", w.pin_hot, "workload hot-burst: hot requests pin their prompt (true|false)")
+      ->capture_default_str();
   cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
   cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();

@@ -144,6 +144,11 @@ void Engine::publish_prefix(Sequence& seq) {
   prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.num_computed)), seq.keys);
   prefix_->publish(seq.scope, seq.table, seq.keys);
   write_published(seq);
+  if (seq.request().pin_prefix && !seq.pinned && seq.num_computed >= seq.num_prompt()) {
+    const size_t blocks = std::min(seq.keys.size(), size_t(seq.num_prompt() / cache_.block_size()));
+    (void)prefix_->pin(seq.scope, std::span(seq.keys).first(blocks));
+    seq.pinned = true;
+  }
 }
 
 void Engine::write_published(const Sequence& seq) {

@@ -62,6 +62,10 @@ struct Request {
   // an evicting policy neither use nor feed the prefix cache: after an
   // eviction a slot no longer holds the token its block key names.
   SparsityOptions sparsity = {.policy = ""};
+  // Pin the prompt's blocks in the prefix cache once computed (a hot system
+  // prompt that must survive bursts of one-off requests); pins never exceed
+  // PrefixCacheOptions::max_pinned_fraction of the cache.
+  bool pin_prefix = false;
   RequestCallback on_event;
 };
 

@@ -67,6 +67,7 @@ class Sequence {
   int32_t skipped = 0;             // times prefix-aware ordering admitted a later request first
   int32_t preemptions = 0;
   bool cancel_requested = false;
+  bool pinned = false;             // its prompt's blocks were pinned (pin_prefix)
   double first_token_seconds = 0;  // engine clock at the first generated token (0 = none yet)
   double last_token_seconds = 0;
   Sampler sampler;

@@ -29,8 +29,9 @@ double quantile(std::vector<double> samples, double q) {
 }  // namespace
 
 void WorkloadOptions::validate(int32_t context_length) const {
-  if (name != "shared-prefix" && name != "returning")
-    fail("unknown workload '{}' (known: shared-prefix, returning)", name);
+  if (name != "shared-prefix" && name != "returning" && name != "hot-burst")
+    fail("unknown workload '{}' (known: shared-prefix, returning, hot-burst)", name);
+  if (name == "hot-burst" && hot_every < 2) fail("--hot-every must be at least 2 (got {})", hot_every);
   if (requests <= 0 || tenants <= 0 || concurrency <= 0 || max_tokens <= 0 || turns <= 0)
     fail("--requests, --tenants, --turns, --concurrency and --max-tokens must be positive");
   if (prefix_tokens <= 0 || suffix_tokens < 0) fail("--prefix-tokens must be positive and --suffix-tokens >= 0");
@@ -48,6 +49,7 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   const ModelConfig& c = engine.config();
   o.validate(c.seq_len);
   const bool returning = o.name == "returning";
+  const bool burst = o.name == "hot-burst";
   const int32_t conversations = returning ? o.requests / o.turns : 0;
   // shared-prefix: one system prompt per tenant. returning: each
   // conversation's history (its first context, then every turn's prompt and
@@ -68,7 +70,15 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   auto submit = [&](int32_t i) {
     Request r;
     const size_t owner = size_t(returning ? i % conversations : i % o.tenants);
+    // hot-burst: every hot_every-th request uses the hot prompt, the others a
+    // prompt of their own (one-off requests that flood the cache).
+    const bool hot = burst && i % o.hot_every == 0;
+    r.pin_prefix = hot && o.pin_hot;
     r.prompt = history[owner];
+    if (burst && !hot) {
+      r.prompt = random_tokens(o.seed * 104729 + uint64_t(i), o.prefix_tokens, c.vocab_size);
+      r.prompt[0] = 1;
+    }
     const auto suffix = random_tokens(o.seed * 7919 + uint64_t(i) + 1, o.suffix_tokens, c.vocab_size);
     r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
     r.max_tokens = o.max_tokens;
@@ -78,8 +88,10 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
     report.prompt_tokens += int64_t(r.prompt.size());
     const bool returning_turn = returning && i >= conversations;
     if (returning_turn) report.returning_prompt_tokens += int64_t(r.prompt.size());
+    const bool hot_repeat = hot && i > 0;  // the first hot request computes it
+    if (hot_repeat) report.hot_prompt_tokens += o.prefix_tokens;
     if (returning) history[owner] = r.prompt;
-    r.on_event = [&, i, owner, returning_turn, first = true, last = 0.0](const RequestEvent& e) mutable {
+    r.on_event = [&, i, owner, returning_turn, hot_repeat, first = true, last = 0.0](const RequestEvent& e) mutable {
       const double now = wall.seconds();
       if (e.token >= 0) {
         if (first) ttft.push_back(e.ttft_seconds * 1e3);
@@ -94,6 +106,7 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
       if (e.finish == FinishReason::Error) ++report.failed;
       report.cached_tokens += e.usage.cached_tokens;
       if (returning_turn) report.returning_cached_tokens += e.usage.cached_tokens;
+      if (hot_repeat) report.hot_cached_tokens += e.usage.cached_tokens;
     };
     const SubmitResult s = engine.submit(std::move(r));
     if (s.status != SubmitResult::Status::Accepted) fail("workload request {} refused: {}", i, s.error);
@@ -115,6 +128,7 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
                                   ? double(report.returning_cached_tokens) / double(report.returning_prompt_tokens)
                                   : 0;
   report.tier_blocks_loaded = s.tier_blocks_loaded - before.tier_blocks_loaded;
+  report.hot_hit_rate = report.hot_prompt_tokens ? double(report.hot_cached_tokens) / double(report.hot_prompt_tokens) : 0;
   report.ttft_p50_ms = quantile(ttft, 0.5);
   report.ttft_p99_ms = quantile(ttft, 0.99);
   report.tpot_p50_ms = quantile(tpot, 0.5);

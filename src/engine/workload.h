@@ -12,6 +12,10 @@
 //   over the conversations, so between two turns of one conversation all the
 //   others run (and, in a small cache, evict it): the workload of chats that
 //   come back after a pause.
+// hot-burst: every hot_every-th request sends the same hot prompt
+//   (prefix_tokens + suffix_tokens); all the others send one-off prompts of
+//   prefix_tokens tokens. With far more one-off tokens than the cache holds,
+//   the hot prompt survives only if it is pinned (or kept hot enough).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,8 @@ struct WorkloadOptions {
   int32_t suffix_tokens = 32;     // unique tokens per request
   int32_t tenants = 1;
   int32_t turns = 3;              // returning: turns per conversation
+  int32_t hot_every = 10;         // hot-burst: one hot request in this many
+  bool pin_hot = true;            // hot-burst: hot requests ask for their prompt to be pinned
   int32_t max_tokens = 16;        // tokens generated per request
   int32_t concurrency = 8;        // requests in flight at once
   uint64_t seed = 1;
@@ -46,6 +52,9 @@ struct WorkloadReport {
   int64_t returning_cached_tokens = 0;  //   of them served from a cache (memory or tiers)
   double returning_hit_rate = 0;        //   their ratio
   int64_t tier_blocks_loaded = 0;       // blocks loaded from KV tiers
+  int64_t hot_prompt_tokens = 0;        // hot-burst: hot-prefix tokens of hot requests after the first
+  int64_t hot_cached_tokens = 0;        //   of them served from the cache
+  double hot_hit_rate = 0;              //   their ratio: the hot prefix's hit rate
   double ttft_p50_ms = 0, ttft_p99_ms = 0;  // exact, from every request's first token
   double tpot_p50_ms = 0;
   int64_t kv_bytes_peak = 0;

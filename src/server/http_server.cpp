@@ -308,6 +308,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
     r->prompt = tokenizer_->encode(cr.prompt_text, tokenizer_->add_bos_default());
   }
   if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param);
+  r->pin_prefix = cr.kv.pin;
   if (!cr.kv.policy.empty()) {
     // The engine checks the policy against its cache and budget (400 on error).
     r->sparsity = SparsityOptions{};

@@ -188,11 +188,13 @@ void parse_kv(const json& body, KvRequest& kv) {
   if (!k) return;
   if (!k->is_object()) wrong_type("kv", "an object", *k);
   for (const auto& [key, value] : k->items())
-    if (key != "k" && key != "v" && key != "policy" && key != "budget")
-      reject(fmt::format("unknown field 'kv.{}' (known: k, v, policy, budget)", key), "kv." + key, "unknown_parameter");
+    if (key != "k" && key != "v" && key != "policy" && key != "budget" && key != "pin")
+      reject(fmt::format("unknown field 'kv.{}' (known: k, v, policy, budget, pin)", key), "kv." + key,
+             "unknown_parameter");
   kv.k = read_string(*k, "k", "kv.k");
   kv.v = read_string(*k, "v", "kv.v");
   kv.policy = read_string(*k, "policy", "kv.policy");
+  kv.pin = read_bool(*k, "pin", false);
   if (const json* b = field(*k, "budget")) {
     const int64_t v = as_integer(*b, "kv.budget");
     if (v < 1 || v > std::numeric_limits<int32_t>::max())

@@ -45,6 +45,7 @@ struct KvRequest {
   std::string v;        // value storage type; empty = the server's
   std::string policy;   // sparsity policy name; empty = none
   int32_t budget = 0;   // tokens the policy keeps; 0 = not given
+  bool pin = false;     // pin the prompt's blocks in the prefix cache (a hot system prompt)
 
   bool sparsity_requested() const { return !policy.empty() || budget != 0; }
 };
