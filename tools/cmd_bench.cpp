@@ -51,6 +51,11 @@ void run_workload_bench(const BenchArgs& a) {
   j["prefill_tokens_computed"] = r.prefill_tokens_computed;
   j["cached_tokens"] = r.cached_tokens;
   j["prefix_hit_rate"] = r.prefix_hit_rate;
+  if (a.workload.name == "shared-prefix") {
+    j["same_prompt"] = a.workload.same_prompt;
+    j["cross_tenant_cached_tokens"] = r.cross_tenant_cached_tokens;
+    j["within_tenant_hit_rate"] = r.within_tenant_hit_rate;
+  }
   if (a.workload.name == "returning") {
     j["turns"] = a.workload.turns;
     j["returning_prompt_tokens"] = r.returning_prompt_tokens;
@@ -237,6 +242,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
   cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();
+  cmd->add_option("--same-prompt", w.same_prompt,
+                  "workload shared-prefix: every tenant sends the same system prompt (true|false)")
+      ->capture_default_str();
   add_engine_options(*cmd, a->engine);
   // --requests, --concurrency and --max-tokens serve both --server and --workload.
   add_server_bench_options(*cmd, a->load);

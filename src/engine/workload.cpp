@@ -56,7 +56,8 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   // answer), which its next turn extends.
   std::vector<std::vector<int32_t>> prefixes, history;
   for (int32_t t = 0; t < (returning ? conversations : o.tenants); ++t) {
-    prefixes.push_back(random_tokens(o.seed * 1000003 + uint64_t(t), o.prefix_tokens, c.vocab_size));
+    const uint64_t prompt_id = o.same_prompt && !returning ? 0 : uint64_t(t);
+    prefixes.push_back(random_tokens(o.seed * 1000003 + prompt_id, o.prefix_tokens, c.vocab_size));
     prefixes.back()[0] = 1;  // BOS
   }
   history = prefixes;
@@ -65,6 +66,7 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   WorkloadReport report;
   report.requests = o.requests;
   std::vector<double> ttft, tpot;
+  int64_t later_prompt_tokens = 0, later_cached_tokens = 0;  // requests after each tenant's first
   int32_t submitted = 0, finished = 0;
   Timer wall;
   auto submit = [&](int32_t i) {
@@ -90,8 +92,10 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
     if (returning_turn) report.returning_prompt_tokens += int64_t(r.prompt.size());
     const bool hot_repeat = hot && i > 0;  // the first hot request computes it
     if (hot_repeat) report.hot_prompt_tokens += o.prefix_tokens;
+    const bool tenant_first = i < o.tenants;
+    if (!tenant_first) later_prompt_tokens += int64_t(r.prompt.size());
     if (returning) history[owner] = r.prompt;
-    r.on_event = [&, i, owner, returning_turn, hot_repeat, first = true, last = 0.0](const RequestEvent& e) mutable {
+    r.on_event = [&, i, owner, returning_turn, hot_repeat, tenant_first, first = true, last = 0.0](const RequestEvent& e) mutable {
       const double now = wall.seconds();
       if (e.token >= 0) {
         if (first) ttft.push_back(e.ttft_seconds * 1e3);
@@ -107,6 +111,8 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
       report.cached_tokens += e.usage.cached_tokens;
       if (returning_turn) report.returning_cached_tokens += e.usage.cached_tokens;
       if (hot_repeat) report.hot_cached_tokens += e.usage.cached_tokens;
+      if (tenant_first) report.cross_tenant_cached_tokens += e.usage.cached_tokens;
+      else later_cached_tokens += e.usage.cached_tokens;
     };
     const SubmitResult s = engine.submit(std::move(r));
     if (s.status != SubmitResult::Status::Accepted) fail("workload request {} refused: {}", i, s.error);
@@ -127,6 +133,7 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   report.returning_hit_rate = report.returning_prompt_tokens
                                   ? double(report.returning_cached_tokens) / double(report.returning_prompt_tokens)
                                   : 0;
+  report.within_tenant_hit_rate = later_prompt_tokens ? double(later_cached_tokens) / double(later_prompt_tokens) : 0;
   report.tier_blocks_loaded = s.tier_blocks_loaded - before.tier_blocks_loaded;
   report.hot_hit_rate = report.hot_prompt_tokens ? double(report.hot_cached_tokens) / double(report.hot_prompt_tokens) : 0;
   report.ttft_p50_ms = quantile(ttft, 0.5);

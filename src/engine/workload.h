@@ -5,7 +5,9 @@
 //
 // shared-prefix: every tenant has one system prompt of prefix_tokens tokens
 //   (BOS first); request i belongs to tenant i % tenants and appends its own
-//   suffix_tokens random tokens.
+//   suffix_tokens random tokens. With same_prompt, all tenants send the same
+//   system prompt: what one tenant computed another could reuse, if the
+//   cache let it (global scope) -- the workload that measures tenant isolation.
 // returning: requests / turns conversations, each starting from its own
 //   prefix_tokens context; a turn sends the whole history (every earlier
 //   prompt and answer) plus suffix_tokens new tokens. Turns go round-robin
@@ -31,6 +33,7 @@ struct WorkloadOptions {
   int32_t prefix_tokens = 384;    // shared system prompt per tenant, BOS included
   int32_t suffix_tokens = 32;     // unique tokens per request
   int32_t tenants = 1;
+  bool same_prompt = false;       // shared-prefix: every tenant sends the same system prompt
   int32_t turns = 3;              // returning: turns per conversation
   int32_t hot_every = 10;         // hot-burst: one hot request in this many
   bool pin_hot = true;            // hot-burst: hot requests ask for their prompt to be pinned
@@ -48,6 +51,10 @@ struct WorkloadReport {
   int64_t prefill_tokens_computed = 0;  // prompt tokens actually run through the model
   int64_t cached_tokens = 0;            // prompt tokens served by the prefix cache
   double prefix_hit_rate = 0;           // cached_tokens / prompt_tokens
+  // Cached tokens of each tenant's first request: before it, its tenant had
+  // computed nothing, so every one of them came from another tenant's work.
+  int64_t cross_tenant_cached_tokens = 0;
+  double within_tenant_hit_rate = 0;    // hit rate of the requests after each tenant's first
   int64_t returning_prompt_tokens = 0;  // returning: prompt tokens of turns after the first
   int64_t returning_cached_tokens = 0;  //   of them served from a cache (memory or tiers)
   double returning_hit_rate = 0;        //   their ratio

@@ -114,3 +114,19 @@ kvserve_error_test(cli.error_policy_unknown "unknown --kv-policy"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-policy lru --kv-budget 8)
 kvserve_error_test(cli.error_policy_past_context "only positions within the cache"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 1000 --kv-policy window --kv-budget 8)
+
+# Serving workloads through the engine (issues 5-7): the JSON contract of each.
+add_test(NAME cli.bench_workload_shared_prefix_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--workload;shared-prefix;--requests;6;--tenants;2;--same-prompt;true;--prefix-tokens;64;--suffix-tokens;4;--max-tokens;2;--concurrency;2;--threads;1;--json"
+  "-DFIELDS=prefill_tokens_computed;ttft_p50_ms;ttft_p99_ms;kv_bytes_peak;prefix_hit_rate;max_running;cross_tenant_cached_tokens;within_tenant_hit_rate"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.bench_workload_returning_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--workload;returning;--requests;6;--turns;2;--prefix-tokens;64;--suffix-tokens;4;--max-tokens;2;--concurrency;2;--threads;1;--kv-tiers;host:16MiB;--json"
+  "-DFIELDS=returning_hit_rate;tier_blocks_loaded;prefix_hit_rate"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+add_test(NAME cli.bench_workload_hot_burst_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--workload;hot-burst;--requests;20;--prefix-tokens;64;--suffix-tokens;4;--max-tokens;2;--concurrency;2;--threads;1;--json"
+  "-DFIELDS=hot_hit_rate;prefix_blocks_pinned"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.error_workload_unknown "unknown workload"
+  bench --model ${MODELS}/stories260K.gguf --workload nope)
