@@ -7,6 +7,7 @@
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "engine/workload.h"
+#include "tools/bench_replicas.h"
 #include "tools/bench_server.h"
 #include "tools/cli_common.h"
 #include "tools/engine_cli.h"
@@ -31,6 +32,7 @@ struct BenchArgs {
   // Serving workloads through the engine (--workload).
   WorkloadOptions workload;
   bool workload_given = false;
+  int32_t replicas = 0;  // --replicas: serve processes sharing Redis (bench_replicas.h)
   EngineCliOptions engine;
   LoadOptions load;  // with --server: load-test a running server instead
   SparsityFlags sparsity;
@@ -242,6 +244,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prefix-tokens", w.prefix_tokens, "workload: shared prompt tokens per tenant")->capture_default_str();
   cmd->add_option("--suffix-tokens", w.suffix_tokens, "workload: unique prompt tokens per request")->capture_default_str();
   cmd->add_option("--tenants", w.tenants, "workload: tenants, each with its own shared prompt")->capture_default_str();
+  cmd->add_option("--replicas", a->replicas,
+                  "workload shared-prefix: N serve processes sharing one Redis tier; replica 0 computes the "
+                  "prefix, the others load it (redis-server started unless --kv-tiers names one)");
   cmd->add_option("--same-prompt", w.same_prompt,
                   "workload shared-prefix: every tenant sends the same system prompt (true|false)")
       ->capture_default_str();
@@ -263,6 +268,12 @@ void register_bench(CLI::App& app) {
     if (cmd->count("--requests")) a->workload.requests = a->load.requests;
     if (cmd->count("--concurrency")) a->workload.concurrency = a->load.concurrency;
     if (cmd->count("--max-tokens")) a->workload.max_tokens = a->load.max_tokens;
+    if (a->replicas > 0) {
+      ReplicaBenchOptions r{.replicas = a->replicas, .model_path = a->common.model_path,
+                            .kv_tiers = a->engine.kv_tiers, .workload = a->workload, .json = a->common.json};
+      if (!a->workload_given) fail("--replicas needs --workload shared-prefix");
+      return run_replica_bench(r, *cmd);
+    }
     run(*a);
   });
 }

@@ -174,6 +174,7 @@ void LoadOptions::validate() const {
   if (server.empty()) fail("--server is required");
   if (concurrency < 1) fail("--concurrency must be at least 1 (got {})", concurrency);
   if (requests < 1) fail("--requests must be at least 1 (got {})", requests);
+  if (first_request < 0) fail("the first request index must be >= 0 (got {})", first_request);
   if (prompt_tokens < 1) fail("--prompt-tokens must be at least 1 (got {})", prompt_tokens);
   if (shared_prefix < 0 || shared_prefix > prompt_tokens)
     fail("--shared-prefix must be between 0 and --prompt-tokens ({}) (got {})", prompt_tokens, shared_prefix);
@@ -216,7 +217,7 @@ LoadReport run_load(const LoadOptions& o) {
   const std::vector<int32_t> prefix = random_tokens(prefix_rng, o.shared_prefix, vocab);
   std::vector<std::string> bodies(size_t(o.requests));
   for (int32_t i = 0; i < o.requests; ++i) {
-    std::mt19937_64 rng(o.seed + 1 + uint64_t(i));
+    std::mt19937_64 rng(o.seed + 1 + uint64_t(o.first_request) + uint64_t(i));
     std::vector<int32_t> prompt = prefix;
     const std::vector<int32_t> rest = random_tokens(rng, o.prompt_tokens - o.shared_prefix, vocab);
     prompt.insert(prompt.end(), rest.begin(), rest.end());

@@ -36,6 +36,9 @@ struct LoadOptions {
   std::string api_key;             // sent as "Authorization: Bearer KEY" when not empty
   double timeout_seconds = 600;    // per request (connect and each read)
   uint64_t seed = 1;               // of the random prompts
+  // Request i's own tokens are those of request first_request + i: runs
+  // with the same seed and disjoint ranges share the prefix, not the rest.
+  int32_t first_request = 0;
 
   // Throws kvserve::Error naming the first bad field.
   void validate() const;

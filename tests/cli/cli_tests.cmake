@@ -130,3 +130,17 @@ add_test(NAME cli.bench_workload_hot_burst_json COMMAND ${CMAKE_COMMAND}
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.error_workload_unknown "unknown workload"
   bench --model ${MODELS}/stories260K.gguf --workload nope)
+# --replicas: three real serve processes sharing a redis-server started for the run.
+find_program(KVSERVE_REDIS_SERVER redis-server)
+if(KVSERVE_REDIS_SERVER)
+  add_test(NAME cli.bench_replicas_json COMMAND ${CMAKE_COMMAND}
+    "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--workload;shared-prefix;--replicas;3;--requests;5;--prefix-tokens;128;--suffix-tokens;8;--max-tokens;2;--threads;1;--kv-dtype;fp16;--json"
+    "-DFIELDS=compute_ttft_ms;load_ttft_ms;ttft_speedup;replica_hit_rate;tier_blocks_loaded;failed;per_replica"
+    -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+else()
+  message(WARNING "redis-server not found: cli.bench_replicas_json is not registered")
+endif()
+kvserve_error_test(cli.error_replicas_one "at least 2"
+  bench --model ${MODELS}/stories260K.gguf --workload shared-prefix --replicas 1)
+kvserve_error_test(cli.error_replicas_tiers_without_redis "must name a redis"
+  bench --model ${MODELS}/stories260K.gguf --workload shared-prefix --replicas 2 --kv-tiers host:1MiB)
