@@ -6,6 +6,8 @@
 // with full attention equals the plain protocol.
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -113,13 +115,17 @@ class SpyPolicy final : public SparsityPolicy {
   explicit SpyPolicy(int n_kv_heads) : n_kv_heads_(n_kv_heads) {}
   std::string_view name() const override { return "spy"; }
   bool wants_attention_weights() const override { return true; }
+  // The forward pass calls observe from its worker threads, one (layer, KV
+  // head) each: a policy's own per-head state needs no lock, this log does.
   void observe(int layer, int kv_head, const float* weights, int32_t n_ctx) override {
     double sum = 0;
     for (int32_t s = 0; s < n_ctx; ++s) sum += weights[s];
+    std::lock_guard<std::mutex> lock(mu);
     sums.push_back(sum);
     ++calls;
     last_n_ctx = n_ctx;
   }
+  std::mutex mu;
   std::vector<double> sums;
   int64_t calls = 0;
   int32_t last_n_ctx = 0;
