@@ -208,6 +208,80 @@ TEST(KvCache, ResidualWindowStagesRecentTokensAndEncodesFullBlocks) {
   EXPECT_EQ(cache.stats().staging_used, 0);
 }
 
+// Reserving a whole prompt takes staging slots only for the chunk written
+// next; the next chunk's reserve takes its own.
+TEST(KvCache, StagingSlotsFollowTheWriteNotTheReservation) {
+  const ModelConfig c = stories_shape();
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 16;
+  o.set_dtype(KvDType::INT8);
+  o.residual = 4;
+  KvCache cache(c, o);
+  BlockTable t;
+  ASSERT_TRUE(cache.reserve(t, 40, 6));  // 10 blocks; the first chunk of 6 tokens lands in blocks 0-1
+  EXPECT_EQ(t.blocks.size(), 10u);
+  EXPECT_EQ(t.staging, (std::vector<int32_t>{0, 1, -1, -1, -1, -1, -1, -1, -1, -1}));
+  std::vector<float> k(static_cast<size_t>(c.kv_dim()), 0.5f), v(k.size(), -0.5f);
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    for (int pos = 0; pos < 6; ++pos) cache.write(layer, t, pos, k.data(), v.data());
+    cache.seal(layer, t, 6);
+  }
+  cache.commit(t, 6);
+  EXPECT_EQ(cache.stats().staging_used, 1);  // block 0 encoded, block 1 open
+  ASSERT_TRUE(cache.reserve(t, 8));          // the next chunk: tokens 6-13, blocks 1-3
+  EXPECT_EQ(t.blocks.size(), 10u);
+  EXPECT_EQ(cache.stats().staging_used, 3);
+  EXPECT_EQ(t.staging[1], 1);
+  EXPECT_GE(t.staging[2], 0);
+  EXPECT_GE(t.staging[3], 0);
+  EXPECT_EQ(t.staging[4], -1);
+  cache.release(t);
+  EXPECT_EQ(cache.stats().staging_used, 0);
+}
+
+// With a byte budget, FP16 staging slots are paid for out of it: blocks plus
+// staging in use never exceed the budget, however many sequences run.
+TEST(KvCache, ByteBudgetPaysForStagingSlots) {
+  const ModelConfig c = stories_shape();
+  KvCacheOptions o;
+  o.block_size = 16;
+  o.k = {KvDType::INT4, KvGrouping::Channel, 16, {}, {}};
+  o.v = {KvDType::INT4, KvGrouping::Token, 8, {}, {}};
+  o.residual = 32;
+  const int64_t block_bytes = 5 * (384 + 512);
+  o.budget_bytes = 64 * block_bytes;
+  KvCache cache(c, o);
+  const KvStats empty = cache.stats();
+  ASSERT_EQ(empty.blocks_total, 64);
+  // An FP16 staging slot (K and V, 5 layers, 16 tokens x 32 values x 2 bytes) is
+  // 10,240 bytes: 2.3 INT4 blocks, so each slot in use holds 3 pool blocks.
+  EXPECT_EQ(empty.staging_bytes_per_block, 5 * 2 * 16 * 32 * 2);
+  EXPECT_EQ(cache.staging_cost_blocks(), 3);
+  std::vector<BlockTable> tables;
+  for (;;) {
+    BlockTable t;
+    if (!cache.reserve(t, 20)) break;  // two blocks, both written: two slots
+    tables.push_back(std::move(t));
+    const KvStats s = cache.stats();
+    EXPECT_LE(s.bytes_used, s.bytes_capacity);
+    EXPECT_EQ(s.blocks_for_staging, 3 * s.staging_used);
+    EXPECT_EQ(s.blocks_used + s.blocks_for_staging + s.blocks_free, s.blocks_total);
+  }
+  // Each sequence costs 2 blocks + 2 slots x 3 blocks = 8 of the 64.
+  EXPECT_EQ(tables.size(), 8u);
+  for (auto& t : tables) cache.release(t);
+  const KvStats s = cache.stats();
+  EXPECT_EQ(s.blocks_free, 64);
+  EXPECT_EQ(s.blocks_for_staging, 0);
+  EXPECT_FALSE(cache.fits(64 * 16));  // the whole pool leaves nothing for the write's staging
+  EXPECT_TRUE(cache.fits(40 * 16, 16));
+  // A capacity in blocks counts encoded blocks only.
+  o.budget_bytes = 0;
+  o.num_blocks = 64;
+  EXPECT_EQ(KvCache(c, o).staging_cost_blocks(), 0);
+}
+
 TEST(KvCache, QuantizedBytesPerTokenIncludeMetadata) {
   ModelConfig c = stories_shape();  // kv_dim 32, head_dim 8, 5 layers
   KvCacheOptions o;

@@ -25,7 +25,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   // An evicting policy bounds what the sequence holds at once.
   const int64_t held = policy->max_tokens_held(std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size())));
   const int64_t needed = held < 0 ? std::max<int64_t>(limit, int64_t(prompt.size())) : std::min<int64_t>(held, limit);
-  if (!cache.fits(needed))
+  if (!cache.fits(needed, options.prefill_chunk))
     fail("the KV cache ({} blocks of {} tokens) cannot hold {} tokens; raise --kv-blocks",
          cache.pool().num_blocks(), cache.block_size(), needed);
 

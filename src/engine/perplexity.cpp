@@ -81,7 +81,7 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   const int32_t ctx = options.ctx;
   if (ctx < 4 || ctx > c.seq_len) fail("--ctx {} is out of range (4..{}, the model's context length)", ctx, c.seq_len);
   if (options.batch <= 0) fail("perplexity batch must be positive");
-  if (!cache.fits(ctx)) fail("the KV cache cannot hold a chunk of {} tokens; raise --kv-blocks", ctx);
+  if (!cache.fits(ctx, options.streaming ? 1 : options.batch)) fail("the KV cache cannot hold a chunk of {} tokens; raise --kv-blocks", ctx);
   const int32_t available = int32_t(tokens.size() / size_t(ctx));
   if (available == 0) fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), ctx);
   const int32_t n_chunks = options.chunks < 0 ? available : std::min(options.chunks, available);
@@ -94,7 +94,7 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
 
   PerplexityResult r;
   r.has_reference = reference != nullptr;
-  if (reference != nullptr && !reference->fits(ctx)) fail("the reference KV cache cannot hold a chunk of {} tokens", ctx);
+  if (reference != nullptr && !reference->fits(ctx, options.streaming ? 1 : options.batch)) fail("the reference KV cache cannot hold a chunk of {} tokens", ctx);
   Timer timer;
   const int32_t first = ctx / 2;
   const int32_t vocab = c.vocab_size;

@@ -75,7 +75,7 @@ size_t Scheduler::pick_waiting() {
   return best;
 }
 
-bool Scheduler::admit(Sequence* seq) {
+bool Scheduler::admit(Sequence* seq, int32_t budget) {
   assert(seq->table.blocks.empty());
   const int32_t matched = prefix_.match ? prefix_.match(*seq) : 0;
   seq->num_computed = matched;
@@ -84,13 +84,17 @@ bool Scheduler::admit(Sequence* seq) {
   // evicting policy (which holds at most its budget, however long the prompt).
   const int32_t reserve = seq->evicting() ? std::min(seq->chunk_limit(), options_.max_batch_prefill_tokens)
                                           : seq->num_pending();
-  const int32_t need =
-      cache_.blocks_for(int64_t(seq->table.num_tokens) + reserve) - int32_t(seq->table.blocks.size());
+  // Staging slots (FP16 residual) only for the chunk this step writes; later
+  // chunks take theirs when they run.
+  const int32_t first_chunk = std::min(budget, seq->chunk_limit());
+  const int32_t need = cache_.blocks_for(int64_t(seq->table.num_tokens) + reserve) -
+                       int32_t(seq->table.blocks.size()) +
+                       cache_.staging_cost_blocks() * (cache_.blocks_for(first_chunk) + 1);
   // The watermark keeps room for running decodes; with nothing running, the
   // whole pool is the sequence's.
   const int32_t watermark = running_.empty() ? 0 : watermark_;
   // Idle prefix-cache blocks count as free: allocation reclaims them.
-  if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, reserve)) {
+  if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, reserve, first_chunk)) {
     release(*seq);
     seq->cached_tokens = 0;
     seq->checkpoint = 0;
@@ -139,7 +143,7 @@ SchedulePlan Scheduler::schedule() {
       ++seq->skipped;
       break;
     }
-    if (!admit(seq)) break;
+    if (!admit(seq, budget)) break;
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(pick));
     seq->state = SequenceState::Running;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), seq,

@@ -103,7 +103,7 @@ class Scheduler {
   void release(Sequence& seq);
   // Index in waiting_ of the sequence to admit next.
   size_t pick_waiting();
-  [[nodiscard]] bool admit(Sequence* seq);
+  [[nodiscard]] bool admit(Sequence* seq, int32_t budget);  // budget: prompt tokens left this step
 
   SchedulerOptions options_;
   KvCache& cache_;

@@ -89,7 +89,42 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
     free_staging_.resize(n);
     for (size_t i = 0; i < n; ++i) free_staging_[i] = int32_t(n - 1 - i);  // pop_back yields 0, 1, 2, ...
     staging_refs_.assign(n, 0);
+    // A byte budget pays for staging: a slot in use holds the pool blocks its bytes are worth.
+    if (options.num_blocks == 0 && options.budget_bytes > 0) {
+      const KvStats s = stats();
+      staging_cost_ = int32_t((s.staging_bytes_per_block + s.bytes_per_block - 1) / s.bytes_per_block);
+      staging_ballast_.assign(n * size_t(staging_cost_), -1);
+    }
   }
+}
+
+bool KvCache::fits(int64_t n_tokens, int64_t chunk_tokens) const {
+  int64_t staging = 0;
+  if (staging_cost_ > 0) {
+    // Slots held at once: the unsealed blocks behind the write and the blocks of one chunk.
+    const int64_t window = residual_ / options_.block_size + 1 + blocks_for(std::max<int64_t>(chunk_tokens, 1));
+    staging = std::min<int64_t>(blocks_for(n_tokens), window) * staging_cost_;
+  }
+  return blocks_for(n_tokens) + staging <= pool_.num_blocks();
+}
+
+bool KvCache::take_staging(int32_t n, std::vector<int32_t>& out) {
+  if (n <= 0) return true;
+  if (free_staging_.size() < size_t(n)) return false;
+  std::vector<int32_t> ballast;
+  // Reclaiming idle prefix-cache blocks here may release their sidecar slots:
+  // free_staging_ only grows meanwhile.
+  if (staging_cost_ > 0 && !pool_.allocate(n * staging_cost_, ballast)) return false;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t slot = free_staging_.back();
+    free_staging_.pop_back();
+    staging_refs_[size_t(slot)] = 1;
+    for (int32_t c = 0; c < staging_cost_; ++c)
+      staging_ballast_[size_t(slot) * size_t(staging_cost_) + size_t(c)] = ballast[size_t(i * staging_cost_ + c)];
+    out.push_back(slot);
+  }
+  ballast_blocks_ += n * staging_cost_;
+  return true;
 }
 
 int32_t KvCache::blocks_for(int64_t n_tokens) const {
@@ -102,19 +137,27 @@ int32_t KvCache::sealed_blocks(int32_t n_ctx) const {
   return n_ctx > lag ? (n_ctx - lag) / options_.block_size : 0;
 }
 
-bool KvCache::reserve(BlockTable& table, int32_t n_new) {
+bool KvCache::reserve(BlockTable& table, int32_t n_new, int32_t n_write) {
   const int32_t bs = options_.block_size;
+  if (n_write < 0 || n_write > n_new) n_write = n_new;
   const int64_t needed =
       std::max<int64_t>(0, int64_t(blocks_for(int64_t(table.num_tokens) + n_new)) - int64_t(table.blocks.size()));
   // Copy-on-write: the next token would land in a partially filled block
   // another sequence (a fork) shares.
   const size_t open = size_t(table.num_tokens / bs);
   const bool copy = n_new > 0 && table.num_tokens % bs != 0 && pool_.ref_count(table.blocks[open]) > 1;
-  if (needed == 0 && !copy) return true;
+  // The blocks the next n_write tokens land in need a staging slot.
+  std::vector<size_t> stage;
+  if (staged_ && n_write > 0) {
+    const size_t last = size_t(blocks_for(int64_t(table.num_tokens) + n_write));
+    for (size_t b = open; b < last; ++b)
+      if (b >= table.staging.size() || table.staging[b] < 0) stage.push_back(b);
+  }
+  if (needed == 0 && !copy && stage.empty()) return true;
   std::vector<int32_t> fresh;
   if (!pool_.allocate(int32_t(needed) + (copy ? 1 : 0), fresh)) return false;
-  // A free slot per new block exists unless forks hold copies of open blocks.
-  if (staged_ && free_staging_.size() < size_t(needed)) {
+  std::vector<int32_t> slots;
+  if (!take_staging(int32_t(stage.size()), slots)) {
     for (int32_t id : fresh) pool_.release(id);
     return false;
   }
@@ -129,16 +172,10 @@ bool KvCache::reserve(BlockTable& table, int32_t n_new) {
     pool_.release(from);
     table.blocks[open] = to;
   }
-  const size_t before = table.blocks.size();
   table.blocks.insert(table.blocks.end(), fresh.begin() + long(next), fresh.end());
   if (staged_) {
-    table.staging.resize(before, -1);
-    for (size_t i = before; i < table.blocks.size(); ++i) {
-      const int32_t slot = free_staging_.back();
-      free_staging_.pop_back();
-      staging_refs_[size_t(slot)] = 1;
-      table.staging.push_back(slot);
-    }
+    table.staging.resize(table.blocks.size(), -1);
+    for (size_t i = 0; i < stage.size(); ++i) table.staging[stage[i]] = slots[i];
   }
   return true;
 }
@@ -247,11 +284,12 @@ KvStats KvCache::stats() const {
   s.blocks_total = pool_.num_blocks();
   s.blocks_free = pool_.num_free();
   s.blocks_cached_idle = pool_.num_idle();
-  s.blocks_used = pool_.num_used();
+  s.blocks_used = pool_.num_used() - ballast_blocks_;
+  s.blocks_for_staging = ballast_blocks_;
   s.staging_used = staged_ ? pool_.num_blocks() - int32_t(free_staging_.size()) : 0;
   s.tokens_stored = tokens_stored_;
   s.bytes_used = int64_t(s.blocks_used) * s.bytes_per_block + int64_t(s.staging_used) * s.staging_bytes_per_block;
-  s.bytes_capacity = int64_t(s.blocks_total) * s.bytes_per_block;
+  s.bytes_capacity = int64_t(s.blocks_total) * s.bytes_per_block;  // staging's share inside it when paid for
   const int64_t slots = int64_t(s.blocks_used) * options_.block_size;
   // Sequences sharing blocks count their tokens once each, so clamp at 0.
   s.fragmentation = slots == 0 ? 0.0 : std::max(0.0, 1.0 - double(tokens_stored_) / double(slots));
@@ -264,7 +302,14 @@ KvStats KvCache::stats() const {
 
 void KvCache::release_staging(int32_t slot) {
   assert(staging_refs_[size_t(slot)] > 0);
-  if (--staging_refs_[size_t(slot)] == 0) free_staging_.push_back(slot);
+  if (--staging_refs_[size_t(slot)] > 0) return;
+  free_staging_.push_back(slot);
+  for (int32_t c = 0; c < staging_cost_; ++c) {
+    int32_t& block = staging_ballast_[size_t(slot) * size_t(staging_cost_) + size_t(c)];
+    pool_.release(block);
+    block = -1;
+  }
+  ballast_blocks_ -= staging_cost_;
 }
 
 bool KvCache::fork(const BlockTable& src, BlockTable& dst) {
@@ -273,10 +318,9 @@ bool KvCache::fork(const BlockTable& src, BlockTable& dst) {
   const bool open = src.num_tokens % options_.block_size != 0;
   int32_t copy = -1;  // the new staging slot of the open block
   if (staged_ && open && src.staging[size_t(n - 1)] >= 0) {
-    if (free_staging_.empty()) return false;
-    copy = free_staging_.back();
-    free_staging_.pop_back();
-    staging_refs_[size_t(copy)] = 1;
+    std::vector<int32_t> slot;
+    if (!take_staging(1, slot)) return false;
+    copy = slot[0];
     const size_t bytes = 2 * staging_codec_->block_bytes();
     for (int l = 0; l < n_layers(); ++l)
       if (layers_[size_t(l)].k_staged || layers_[size_t(l)].v_staged)
@@ -475,9 +519,13 @@ bool KvCache::compact(BlockTable& table) {
       if (slot >= 0 && staging_refs_[size_t(slot)] > 1 && writes) staging_cow.push_back(d);
     }
   }
-  if (staging_needed.size() + staging_cow.size() > free_staging_.size()) return false;
   std::vector<int32_t> fresh;
   if (!pool_.allocate(int32_t(cow.size()), fresh)) return false;
+  std::vector<int32_t> slots;  // for staging_needed, then staging_cow
+  if (!take_staging(int32_t(staging_needed.size() + staging_cow.size()), slots)) {
+    for (int32_t id : fresh) pool_.release(id);
+    return false;
+  }
 
   // Apply. New block d reads only slots >= d * block_size, so writing the new
   // blocks in order never overwrites a source still to be read.
@@ -492,15 +540,10 @@ bool KvCache::compact(BlockTable& table) {
       std::memcpy(block_base(l, fresh[i]), block_base(l, table.blocks[size_t(d)]), ly.k_bytes + ly.v_bytes);
     }
   }
-  for (int32_t d : staging_needed) {
-    new_staging[size_t(d)] = free_staging_.back();
-    free_staging_.pop_back();
-    staging_refs_[size_t(new_staging[size_t(d)])] = 1;
-  }
+  size_t next_slot = 0;
+  for (int32_t d : staging_needed) new_staging[size_t(d)] = slots[next_slot++];
   for (int32_t d : staging_cow) {
-    const int32_t from = table.staging[size_t(d)], to = free_staging_.back();
-    free_staging_.pop_back();
-    staging_refs_[size_t(to)] = 1;
+    const int32_t from = table.staging[size_t(d)], to = slots[next_slot++];
     for (int l = 0; l < n_layers; ++l)
       if (layers_[size_t(l)].k_staged || layers_[size_t(l)].v_staged)
         std::memcpy(staging_base(l, to), staging_base(l, from), 2 * staging_codec_->block_bytes());

@@ -14,7 +14,12 @@
 //
 // Capacity is fixed at construction (in blocks or bytes); nothing is allocated
 // per sequence, so the only waste is the unfilled tail of each sequence's last
-// block.
+// block. A byte budget covers the FP16 staging slots too: each slot in use
+// holds enough pool blocks (never written, so never resident) to pay for its
+// bytes, so blocks plus staging never exceed the budget. Staging slots are
+// taken only for the blocks the next write lands in (reserve's n_write), not
+// for a whole reserved prompt. A capacity given in blocks counts encoded
+// blocks only; staging then comes on top.
 //
 // Thread safety: reserve/commit/release/seal and the sharing calls from one
 // thread (the engine's).
@@ -64,13 +69,14 @@ struct KvStats {
   int32_t block_size = 0;         // tokens per block
   int32_t residual = 0;           // tokens kept in FP16
   int32_t blocks_total = 0;
-  int32_t blocks_used = 0;
+  int32_t blocks_used = 0;         // blocks holding tokens (staging's pool share excluded)
   int32_t blocks_free = 0;
+  int32_t blocks_for_staging = 0;  // pool blocks that pay for staging slots in use (byte budgets)
   int32_t blocks_cached_idle = 0; // prefix-cache blocks no sequence references (reclaimable)
   int32_t staging_used = 0;       // staging slots in use
   int64_t tokens_stored = 0;      // tokens written into live sequences (not evicted)
   int64_t bytes_used = 0;         // blocks_used * bytes_per_block + staging_used * staging_bytes_per_block
-  int64_t bytes_capacity = 0;     // blocks_total * bytes_per_block
+  int64_t bytes_capacity = 0;     // blocks_total * bytes_per_block (staging included with a byte budget)
   double fragmentation = 0.0;     // unused fraction of the slots in used blocks, 0..1
   int64_t tokens_evicted = 0;     // tokens evicted by sparsity policies so far, per (layer, KV head)
   int64_t compactions = 0;        // compact() calls that moved tokens
@@ -94,11 +100,13 @@ class KvCache {
   int n_layers() const { return int(layers_.size()); }
 
   // Makes room for n_new more tokens after table.num_tokens, allocating blocks
-  // (and staging slots) as needed; a shared partially filled last block is
-  // copied first (copy-on-write, see "Sharing"). Returns false, changing
-  // nothing, when the pool has too few free blocks: an ordinary result the
-  // caller handles.
-  [[nodiscard]] bool reserve(BlockTable& table, int32_t n_new);
+  // as needed, and staging slots for the blocks the first n_write of them
+  // land in (default all n_new: a caller reserving a whole prompt but writing
+  // a chunk passes the chunk, and reserves again before each later chunk); a
+  // shared partially filled last block is copied first (copy-on-write, see
+  // "Sharing"). Returns false, changing nothing, when the pool has too few
+  // free blocks: an ordinary result the caller handles.
+  [[nodiscard]] bool reserve(BlockTable& table, int32_t n_new, int32_t n_write = -1);
   // Marks n tokens after table.num_tokens as written (every layer written and
   // sealed); frees the staging slots of blocks now encoded.
   void commit(BlockTable& table, int32_t n);
@@ -108,8 +116,12 @@ class KvCache {
 
   // Blocks a sequence of n tokens needs.
   int32_t blocks_for(int64_t n_tokens) const;
-  // Whether n_tokens could ever fit (the whole pool, ignoring other sequences).
-  bool fits(int64_t n_tokens) const { return blocks_for(n_tokens) <= pool_.num_blocks(); }
+  // Whether a sequence of n_tokens, written at most chunk_tokens at a time,
+  // could ever fit (the whole pool, ignoring other sequences; staging slots
+  // included where the budget pays for them).
+  bool fits(int64_t n_tokens, int64_t chunk_tokens = 1) const;
+  // Pool blocks one staging slot in use holds (0: a capacity in blocks, or no staging).
+  int32_t staging_cost_blocks() const { return staging_cost_; }
 
   // Writes the K and V of token `pos` in `layer`. k, v: (kv_dim) floats.
   // REQUIRES: pos < table capacity.
@@ -250,6 +262,9 @@ class KvCache {
 
   uint8_t* block_base(int layer, int32_t block) const;
   uint8_t* staging_base(int layer, int32_t slot) const;
+  // Takes n free staging slots, each with its staging_cost_ pool blocks, and
+  // appends them to out; false, taking nothing, when either is short.
+  bool take_staging(int32_t n, std::vector<int32_t>& out);
 
   KvCacheOptions options_;
   int n_kv_heads_ = 0;
@@ -263,6 +278,9 @@ class KvCache {
   BlockPool pool_;
   std::vector<int32_t> free_staging_;        // LIFO: reuse the warmest slots first
   std::vector<int32_t> staging_refs_;        // (num_blocks) references per staging slot
+  int32_t staging_cost_ = 0;                 // pool blocks held per staging slot in use
+  std::vector<int32_t> staging_ballast_;     // (num_blocks, staging_cost_) the blocks each slot holds
+  int32_t ballast_blocks_ = 0;               // pool blocks held for staging now
   std::vector<uint8_t> sealed_;              // (num_blocks) 1 once a block's encoded form is written
   int64_t tokens_stored_ = 0;
   int64_t tokens_evicted_ = 0;
