@@ -220,17 +220,15 @@ void run_replica_bench(const ReplicaBenchOptions& o, const CLI::App& bench) {
   load.requests = 1;
   load.concurrency = 1;
   const LoadReport first = run_load(load);
-  // Its blocks reach Redis off its engine thread: wait until every block it
-  // queued was stored or refused (or 30 s).
+  // Its blocks reach Redis off its engine thread: wait until the writer has
+  // offered every block it accepted to the tier (or 30 s).
   const auto deadline = steady_clock::now() + std::chrono::seconds(30);
   for (;;) {
     const std::string& url = replicas[0].url;
-    const double queued = metric_total(url, "kvserve_tier_blocks_written_total");
-    const double settled = metric_total(url, "kvserve_kv_tier_puts_total") +
-                           metric_total(url, "kvserve_kv_tier_errors_total") +
-                           metric_total(url, "kvserve_kv_tier_rejected_total");
-    if ((queued > 0 && settled >= queued) || steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double enqueued = metric_total(url, "kvserve_kv_store_enqueued_total");
+    const double written = metric_total(url, "kvserve_kv_store_written_total");
+    if ((enqueued > 0 && written >= enqueued) || steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 
   // The other replicas serve the rest, each its own share of suffixes: first

@@ -182,7 +182,8 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
   const std::vector<LoadedBlock> found =
       store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(eligible - have)), ChainTag(seq.keys[0]));
   int32_t loaded = int32_t(found.size());
-  if (loaded > 0 && !cache_.reserve(seq.table, loaded * bs)) loaded = 0;  // no room: compute them later, or wait
+  // Imported blocks arrive sealed: no staging slots. No room: compute them later, or wait.
+  if (loaded > 0 && !cache_.reserve(seq.table, loaded * bs, 0)) loaded = 0;
   for (int32_t j = 0; j < loaded; ++j)
     cache_.import_block(seq.table.blocks[size_t(have + j)], found[size_t(j)].payload());
   if (loaded > 0) {
@@ -238,7 +239,7 @@ SubmitResult Engine::submit(Request r) {
   if (total > c.seq_len && !unbounded)
     return invalid(fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length of {}",
                                r.prompt.size(), r.max_tokens, total, c.seq_len));
-  if (!cache_.fits(held))
+  if (!cache_.fits(held, options_.scheduler.max_batch_prefill_tokens))
     return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", held,
                                cache_.blocks_for(held), cache_.pool().num_blocks()));
   try {
@@ -417,8 +418,15 @@ void Engine::publish_stats() {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    s = stats_;
+  }
+  // The tiers' writer runs on while the engine idles: read its counters now,
+  // not as of the last step.
+  if (store_) s.tier = store_->stats();
+  return s;
 }
 
 void Engine::run_until_idle() {
