@@ -88,6 +88,7 @@ nlohmann::json kv_stats_json(const KvStats& s) {
       {"kv_fragmentation", s.fragmentation},
       {"kv_residual", s.residual},
       {"kv_staging_used", s.staging_used},
+      {"kv_blocks_for_staging", s.blocks_for_staging},
   };
 }
 
