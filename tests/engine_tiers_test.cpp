@@ -130,6 +130,48 @@ TEST_F(EngineTiersTest, ReplicaReusesBlocksThroughRedisAndSurvivesItsDeath) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(EngineTiersTest, RedisKilledMidRunLosesNoRequestAndChangesNoToken) {
+  if (!testing_redis::redis_installed()) GTEST_SKIP() << "redis-server is not installed";
+  const std::vector<std::string> names = {"Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe", "Tim", "Amy"};
+  Engine plain(*model, options(""));
+  const std::vector<Served> expected = serve(plain, names);
+  const std::string dir = testing_redis::make_temp_dir("engine-redis-kill");
+  testing_redis::RedisServer redis(testing_redis::free_port(), {}, dir);
+  EngineOptions o = options("redis://127.0.0.1:" + std::to_string(redis.port()));
+  o.scheduler.max_num_seqs = 3;
+  o.kv.num_blocks = 24;  // three sequences at most: published prompts are evicted and looked up again
+  Engine engine(*model, o);
+  // All at once; Redis dies while the first ones decode and the tiers' writer
+  // has blocks in flight.
+  std::vector<Served> got(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    Request r;
+    r.prompt = model->require_tokenizer().encode(kSystem + names[i], true);
+    r.max_tokens = 10;
+    r.sampling.temperature = 0;
+    r.tenant = "acme";
+    r.on_event = [&got, i](const RequestEvent& e) {
+      if (e.token >= 0) got[i].tokens.push_back(e.token);
+      got[i].finish = e.finish;
+    };
+    ASSERT_EQ(engine.submit(r).status, SubmitResult::Status::Accepted);
+  }
+  for (int step = 0; step < 6; ++step) engine.step();
+  EXPECT_GT(engine.stats().tier_blocks_written, 0);
+  redis.kill();
+  engine.run_until_idle();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(got[i].finish, FinishReason::Length) << names[i];
+    EXPECT_EQ(got[i].tokens, expected[i].tokens) << names[i];
+  }
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.kv.blocks_used, 0);
+  // The dead tier was asked and failed (counted), and nothing came from it.
+  ASSERT_EQ(s.tier.tiers.size(), 1u);
+  EXPECT_GT(s.tier.tiers[0].errors, 0u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(EngineTiersTest, RefusesTiersItCannotServeExactly) {
   EngineOptions o = options("host:1MiB");
   o.prefix_caching = false;
