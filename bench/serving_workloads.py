@@ -6,7 +6,8 @@ of runs in one invocation so its ratios share the machine's conditions.
 usage: bench/serving_workloads.py SMALL_MODEL BIG_MODEL [PART ...]
   parts: shared (issue 5: 64 requests sharing a 384-token prompt, cache off/on,
          on both models), tenants (issue 5: cross-tenant hits by scope),
-         hotburst (issue 5: pinned vs unpinned hot prompt), budget (issue 6:
+         hotburst (issue 5: pinned vs unpinned hot prompt), aware (issue 6:
+         prefix-aware scheduling on/off), budget (issue 6:
          sequences running in 256 MiB, FP16 without sharing vs INT4 with it),
          returning (issue 7: returning conversations, memory only vs tiers)
   (from the project root, after scripts/build.sh). Prints markdown tables and
@@ -72,6 +73,20 @@ def hotburst(small, _big):
                                           j["prefix_blocks_evicted"]))
 
 
+def aware(small, _big):
+    print("\n#### Prefix-aware scheduling: 8 tenants' requests arriving 16 at a time (64 requests, 384-token "
+          "prompts)\n")
+    print("| prefix-aware | hit rate | prefill tokens computed | TTFT p50 ms | TTFT p99 ms | seconds |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for on in ("off", "on"):
+        j = run(small, "--workload", "shared-prefix", "--requests", 64, "--tenants", 8, "--prefix-tokens", 384,
+                "--suffix-tokens", 32, "--max-tokens", 16, "--concurrency", 16, "--threads", 1,
+                "--kv-memory", "64MiB", "--prefix-aware", on)
+        print("| %s | %.1f%% | %d | %.1f | %.1f | %.2f |" % (on, 100 * j["prefix_hit_rate"],
+                                                           j["prefill_tokens_computed"], j["ttft_p50_ms"],
+                                                           j["ttft_p99_ms"], j["seconds"]))
+
+
 def budget(_small, big):
     print("\n#### Sequences running at once in a 256 MiB KV budget (400M, 128 requests sharing a 384-token "
           "prompt, all submitted at once)\n")
@@ -111,9 +126,9 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     small, big = sys.argv[1], sys.argv[2]
-    parts = sys.argv[3:] or ["shared", "tenants", "hotburst", "budget", "returning"]
+    parts = sys.argv[3:] or ["shared", "tenants", "hotburst", "aware", "budget", "returning"]
     for p in parts:
-        {"shared": shared, "tenants": tenants, "hotburst": hotburst, "budget": budget,
+        {"shared": shared, "tenants": tenants, "hotburst": hotburst, "aware": aware, "budget": budget,
          "returning": returning}[p](small, big)
         sys.stdout.flush()
 

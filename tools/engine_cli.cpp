@@ -15,6 +15,10 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
   cmd.add_option("--max-waiting", o.max_waiting, "queued requests beyond which new ones are refused")
       ->capture_default_str();
   cmd.add_option("--prefix-cache", o.prefix_cache, "automatic prefix caching: on | off")->capture_default_str();
+  cmd.add_option("--prefix-aware", o.prefix_aware,
+                 "scheduling: admit requests with a cached prefix first and hold back those whose prefix another "
+                 "running request is computing (on | off)")
+      ->capture_default_str();
   cmd.add_option("--prefix-scope", o.prefix_scope,
                  "global (all requests share) | tenant (each tenant its own salted cache)")
       ->capture_default_str();
@@ -51,6 +55,9 @@ EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions
   if (o.prefix_cache != "on" && o.prefix_cache != "off")
     fail("--prefix-cache must be on or off (got '{}')", o.prefix_cache);
   e.prefix_caching = o.prefix_cache == "on";
+  if (o.prefix_aware != "on" && o.prefix_aware != "off")
+    fail("--prefix-aware must be on or off (got '{}')", o.prefix_aware);
+  e.scheduler.prefix_aware = o.prefix_aware == "on";
   e.prefix_scope = parse_cache_scope(o.prefix_scope);
   if (e.prefix_scope == CacheScopeKind::Session)
     fail("--prefix-scope session is per request (a session id); choose global or tenant");
