@@ -37,22 +37,26 @@ class EngineTiersTest : public ::testing::Test {
     o.tenant_secret = "a secret every replica shares";
     return o;
   }
+  // The system prompt and `question`, 10 greedy tokens, recorded into `out`.
+  Request request(const std::string& question, const std::string& tenant, Served& out) {
+    Request r;
+    r.prompt = model->require_tokenizer().encode(kSystem + question, true);
+    r.max_tokens = 10;
+    r.sampling.temperature = 0;
+    r.tenant = tenant;
+    r.on_event = [&out](const RequestEvent& e) {
+      if (e.token >= 0) out.tokens.push_back(e.token);
+      out.usage = e.usage;
+      out.finish = e.finish;
+    };
+    return r;
+  }
   // Serves each question after the system prompt, one at a time, as `tenant`.
   std::vector<Served> serve(Engine& engine, const std::vector<std::string>& questions,
                             const std::string& tenant = "acme") {
     std::vector<Served> out(questions.size());
     for (size_t i = 0; i < questions.size(); ++i) {
-      Request r;
-      r.prompt = model->require_tokenizer().encode(kSystem + questions[i], true);
-      r.max_tokens = 10;
-      r.sampling.temperature = 0;
-      r.tenant = tenant;
-      r.on_event = [&out, i](const RequestEvent& e) {
-        if (e.token >= 0) out[i].tokens.push_back(e.token);
-        out[i].usage = e.usage;
-        out[i].finish = e.finish;
-      };
-      EXPECT_EQ(engine.submit(r).status, SubmitResult::Status::Accepted);
+      EXPECT_EQ(engine.submit(request(questions[i], tenant, out[i])).status, SubmitResult::Status::Accepted);
       engine.run_until_idle();
     }
     return out;
@@ -144,18 +148,8 @@ TEST_F(EngineTiersTest, RedisKilledMidRunLosesNoRequestAndChangesNoToken) {
   // All at once; Redis dies while the first ones decode and the tiers' writer
   // has blocks in flight.
   std::vector<Served> got(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    Request r;
-    r.prompt = model->require_tokenizer().encode(kSystem + names[i], true);
-    r.max_tokens = 10;
-    r.sampling.temperature = 0;
-    r.tenant = "acme";
-    r.on_event = [&got, i](const RequestEvent& e) {
-      if (e.token >= 0) got[i].tokens.push_back(e.token);
-      got[i].finish = e.finish;
-    };
-    ASSERT_EQ(engine.submit(r).status, SubmitResult::Status::Accepted);
-  }
+  for (size_t i = 0; i < names.size(); ++i)
+    ASSERT_EQ(engine.submit(request(names[i], "acme", got[i])).status, SubmitResult::Status::Accepted);
   for (int step = 0; step < 6; ++step) engine.step();
   EXPECT_GT(engine.stats().tier_blocks_written, 0);
   redis.kill();
