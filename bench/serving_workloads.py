@@ -31,18 +31,19 @@ def run(model, *args):
 
 def shared(small, big):
     print("\n#### 64 requests sharing a 384-token prompt (+32 own tokens, 16 generated), cache off vs on\n")
-    print("| model | cache | prefill tokens computed | of the no-cache run | TTFT p50 ms | TTFT p99 ms | "
+    print("| model | in flight | cache | prefill tokens computed | of the no-cache run | TTFT p50 ms | TTFT p99 ms | "
           "p50 speed-up | peak KV MB | hit rate |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, model, extra in (("stories260K", small, ["--threads", 1, "--kv-memory", "64MiB"]),
                                ("400M", big, ["--threads", 2, "--kv-memory", "1GiB", "--kv-preset", "fp16"])):
+      for concurrency in (1, 4):
         base = ["--workload", "shared-prefix", "--requests", 64, "--prefix-tokens", 384, "--suffix-tokens", 32,
-                "--max-tokens", 16, "--concurrency", 4, *extra]
+                "--max-tokens", 16, "--concurrency", concurrency, *extra]
         off = run(model, *base, "--prefix-cache", "off")
         on = run(model, *base, "--prefix-cache", "on")
         for label, j in (("off", off), ("on", on)):
-            print("| %s | %s | %d | %.1f%% | %.1f | %.1f | %.1f× | %.2f | %.1f%% |" % (
-                name, label, j["prefill_tokens_computed"],
+            print("| %s | %d | %s | %d | %.1f%% | %.1f | %.1f | %.1f× | %.2f | %.1f%% |" % (
+                name, concurrency, label, j["prefill_tokens_computed"],
                 100 * j["prefill_tokens_computed"] / off["prefill_tokens_computed"], j["ttft_p50_ms"],
                 j["ttft_p99_ms"], off["ttft_p50_ms"] / j["ttft_p50_ms"], j["kv_bytes_peak"] / 1e6,
                 100 * j["prefix_hit_rate"]))
