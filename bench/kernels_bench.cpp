@@ -125,7 +125,7 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "n", "threads"});
   for (WeightType t : {WeightType::Q8_0, WeightType::Q4_0, WeightType::F16, WeightType::F32})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 1536}, {1536, 4096}})
-      for (int64_t n : {1, 64})
+      for (int64_t n : {1, 16, 64})
         for (int64_t threads : {1, 2}) b->Args({int64_t(t), rows, cols, n, threads});
   b->UseRealTime();
 }
