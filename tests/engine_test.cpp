@@ -164,6 +164,47 @@ TEST_F(EngineTest, PreemptedSequencesGetTheirBlocksBackInsteadOfRecomputingThem)
   EXPECT_GT(tiered.tier_blocks_loaded, 0);
 }
 
+// Routers poll the prefix cache's events: numbered, paged with `after`, the
+// oldest dropped beyond the log's size, with the tenant's name.
+TEST_F(EngineTest, CacheEventsArePagedInOrderAndCapped) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 64;
+  o.cache_event_log = 16;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  Request r = request("Once upon a time, there was a little girl named Lily", 6, out);
+  r.tenant = "acme";
+  ASSERT_EQ(engine.submit(std::move(r)).status, SubmitResult::Status::Accepted);
+  engine.run_until_idle();
+  CacheEventPage all = engine.cache_events(0, 1000);
+  ASSERT_FALSE(all.events.empty());
+  EXPECT_EQ(all.events.front().seq, all.first_kept);
+  for (size_t i = 0; i < all.events.size(); ++i) {
+    EXPECT_EQ(all.events[i].seq, all.first_kept + i);  // consecutive
+    EXPECT_EQ(all.events[i].event.kind, CacheEventKind::Stored);
+    EXPECT_EQ(all.events[i].tenant, "acme");
+  }
+  EXPECT_EQ(all.next, all.events.back().seq);
+  // Paging: two at a time from the start gives the same sequence.
+  CacheEventPage first = engine.cache_events(0, 2);
+  ASSERT_EQ(first.events.size(), 2u);
+  EXPECT_EQ(engine.cache_events(first.next, 1000).events.size(), all.events.size() - 2);
+  EXPECT_TRUE(engine.cache_events(all.next, 1000).events.empty());
+  // More than 16 events: only the newest 16 are kept, first_kept says so.
+  for (const std::string& p : kPrompts) {
+    Request more = request(p, 6, out);
+    more.tenant = "acme";
+    ASSERT_EQ(engine.submit(std::move(more)).status, SubmitResult::Status::Accepted);
+  }
+  engine.run_until_idle();
+  const CacheEventPage late = engine.cache_events(0, 1000);
+  EXPECT_EQ(late.events.size(), 16u);
+  EXPECT_GT(late.first_kept, 1u);
+  EXPECT_EQ(late.events.back().seq, late.first_kept + 15);
+}
+
 TEST_F(EngineTest, PreemptionIsCounted) {
   EngineOptions o;
   o.threads = 1;

@@ -364,6 +364,32 @@ TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   EXPECT_TRUE(r.done);
 }
 
+TEST_F(HttpServerTest, CacheEventsRouteListsStoredBlocksForRouters) {
+  EngineOptions eo;
+  eo.cache_event_log = 100;
+  start(eo);
+  const json body = {{"model", "stories260K"}, {"prompt", "Once upon a time, there was a little girl named Lily"},
+                     {"max_tokens", 4}, {"temperature", 0}};
+  ASSERT_EQ(post("/v1/completions", body).status, 200);
+  Reply r = get("/v1/kv/events?after=0&limit=1000");
+  ASSERT_EQ(r.status, 200);
+  ASSERT_FALSE(r.body["data"].empty());
+  const json& first = r.body["data"][0];
+  EXPECT_EQ(first["type"], "stored");
+  EXPECT_EQ(first["depth"], 0);
+  EXPECT_TRUE(first["parent_key"].is_null());
+  EXPECT_EQ(first["block_key"].get<std::string>().size(), 32u);  // xxh3-128 in hex
+  EXPECT_TRUE(get("/v1/kv/events?after=" + std::to_string(r.body["next"].get<uint64_t>())).body["data"].empty());
+  EXPECT_EQ(get("/v1/kv/events?after=-1").status, 400);
+}
+
+TEST_F(HttpServerTest, CacheEventsRouteIsOffUnlessAsked) {
+  start();
+  const Reply r = get("/v1/kv/events");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.raw.find("--kv-events"), std::string::npos);
+}
+
 TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
   start();
   struct Case {

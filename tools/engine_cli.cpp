@@ -15,6 +15,10 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
   cmd.add_option("--max-waiting", o.max_waiting, "queued requests beyond which new ones are refused")
       ->capture_default_str();
   cmd.add_option("--prefix-cache", o.prefix_cache, "automatic prefix caching: on | off")->capture_default_str();
+  cmd.add_option("--kv-events", o.kv_events,
+                 "keep the last N prefix-cache events (block stored / removed) for routers: GET /v1/kv/events "
+                 "(0 = off)")
+      ->capture_default_str();
   cmd.add_option("--prefix-aware", o.prefix_aware,
                  "scheduling: admit requests with a cached prefix first and hold back those whose prefix another "
                  "running request is computing (on | off)")
@@ -58,6 +62,8 @@ EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions
   if (o.prefix_aware != "on" && o.prefix_aware != "off")
     fail("--prefix-aware must be on or off (got '{}')", o.prefix_aware);
   e.scheduler.prefix_aware = o.prefix_aware == "on";
+  if (o.kv_events < 0) fail("--kv-events must be >= 0 (got {})", o.kv_events);
+  e.cache_event_log = o.kv_events;
   e.prefix_scope = parse_cache_scope(o.prefix_scope);
   if (e.prefix_scope == CacheScopeKind::Session)
     fail("--prefix-scope session is per request (a session id); choose global or tenant");

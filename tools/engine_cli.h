@@ -15,6 +15,7 @@ struct EngineCliOptions {
   SchedulerOptions scheduler;
   int32_t max_waiting = 256;
   std::string prefix_cache = "on";       // on | off
+  int32_t kv_events = 0;                 // prefix-cache events kept for GET /v1/kv/events (0 = off)
   std::string prefix_aware = "on";       // on | off: admit cached prefixes first, wait for in-flight ones
   std::string prefix_scope = "tenant";   // global | tenant
   std::string prefix_hash = "xxh3";      // xxh3 | sha256

@@ -59,10 +59,11 @@ Engine::Engine(const Model& model, const EngineOptions& options)
     t.identity = {XXH3_64bits(id.data(), id.size()), cache_.block_codec_hash()};
     t.payload_bytes = cache_.block_record_bytes();
     store_ = open_tiered_kv_store(options.kv_tiers, t);
-    prefix_->set_event_listener([this](const CacheEvent& e) {
-      if (e.kind == CacheEventKind::Stored) stored_.push_back(e);
-    });
   }
+  if (options.cache_event_log < 0) fail("the cache event log must hold >= 0 events (got {})", options.cache_event_log);
+  if (options.cache_event_log > 0 && !prefix_) fail("cache events need prefix caching");
+  if (store_ || options.cache_event_log > 0)
+    prefix_->set_event_listener([this](const CacheEvent& e) { on_cache_event(e); });
   tenant_secret_ = options.tenant_secret;
   if (tenant_secret_.empty()) {
     std::random_device rd;
@@ -128,6 +129,8 @@ CacheScope Engine::scope_for(const Request& r) {
       t.salt.assign(reinterpret_cast<const char*>(digest), sizeof digest);
       t.quota_blocks = options_.tenant_quota_blocks;
       it->second = prefix_->add_tenant(t);
+      std::lock_guard<std::mutex> lock(events_mutex_);
+      tenant_names_[it->second] = r.tenant;
     }
     scope.kind = CacheScopeKind::Tenant;
     scope.tenant = it->second;
@@ -149,6 +152,29 @@ void Engine::publish_prefix(Sequence& seq) {
     (void)prefix_->pin(seq.scope, std::span(seq.keys).first(blocks));
     seq.pinned = true;
   }
+}
+
+void Engine::on_cache_event(const CacheEvent& e) {
+  if (store_ && e.kind == CacheEventKind::Stored) stored_.push_back(e);
+  if (options_.cache_event_log <= 0) return;
+  std::lock_guard<std::mutex> lock(events_mutex_);
+  const auto name = tenant_names_.find(e.tenant);
+  event_log_.push_back({next_event_seq_++, e, name == tenant_names_.end() ? std::string() : name->second});
+  if (event_log_.size() > size_t(options_.cache_event_log)) event_log_.pop_front();
+}
+
+CacheEventPage Engine::cache_events(uint64_t after, size_t max) const {
+  CacheEventPage page;
+  std::lock_guard<std::mutex> lock(events_mutex_);
+  page.first_kept = event_log_.empty() ? next_event_seq_ : event_log_.front().seq;
+  page.next = std::max(after, page.first_kept - 1);
+  for (const CacheEventRecord& r : event_log_) {
+    if (r.seq <= after) continue;
+    if (page.events.size() >= max) break;
+    page.events.push_back(r);
+    page.next = r.seq;
+  }
+  return page;
 }
 
 void Engine::write_published(const Sequence& seq) {

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +66,25 @@ struct EngineOptions {
   // blocks after the in-memory hit are looked up tier by tier and loaded when
   // the measured load cost is below the measured recompute cost.
   std::string kv_tiers;
+
+  // Prefix-cache events (block stored / removed) kept for routers to poll
+  // (cache_events); 0 = none kept.
+  int32_t cache_event_log = 0;
+};
+
+// One prefix-cache event as the engine logs it for routers: numbered in
+// order, with the tenant's name. Keys are salted per tenant, so they say
+// which replica holds a block, never what the block holds.
+struct CacheEventRecord {
+  uint64_t seq = 0;
+  CacheEvent event;
+  std::string tenant;  // "" = the global account
+};
+
+struct CacheEventPage {
+  std::vector<CacheEventRecord> events;  // seq > after, oldest first
+  uint64_t next = 0;                     // pass as `after` next time
+  uint64_t first_kept = 0;               // oldest seq still logged; a gap before it was dropped
 };
 
 struct SubmitResult {
@@ -137,6 +157,8 @@ class Engine {
   void run_until_idle();
 
   EngineStats stats() const;
+  // The logged prefix-cache events after `after` (at most `max`). Thread-safe.
+  CacheEventPage cache_events(uint64_t after, size_t max) const;
   const ModelConfig& config() const { return model_.config(); }
   const Model& model() const { return model_; }
   const KvCache& cache() const { return cache_; }
@@ -158,6 +180,7 @@ class Engine {
   PrefixHooks prefix_hooks();
   CacheScope scope_for(const Request& r);   // registers the tenant on first sight
   void publish_prefix(Sequence& seq);       // after a forward: cache the sequence's new full blocks
+  void on_cache_event(const CacheEvent& e);  // the prefix cache's listener (engine thread)
   void write_published(const Sequence& seq);  // queue blocks the prefix cache just stored for the tiers
   int32_t load_from_tiers(Sequence& seq);   // after an in-memory match: blocks imported from the tiers
 
@@ -192,6 +215,11 @@ class Engine {
   bool stopping_ = false;
   bool drain_ = false;
   std::atomic<int32_t> waiting_{0};       // the scheduler's waiting queue, published after each step
+
+  mutable std::mutex events_mutex_;       // guards event_log_, next_event_seq_, tenant_names_
+  std::deque<CacheEventRecord> event_log_;  // at most options_.cache_event_log, oldest first
+  uint64_t next_event_seq_ = 1;
+  std::map<TenantId, std::string> tenant_names_;
 
   mutable std::mutex stats_mutex_;        // guards stats_
   EngineStats stats_;

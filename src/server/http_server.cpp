@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -61,7 +62,7 @@ struct Route {
 };
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
                              {"/v1/models", "GET"},        {"/health", "GET"},
-                             {"/metrics", "GET"}};
+                             {"/metrics", "GET"},          {"/v1/kv/events", "GET"}};
 
 // The route a path counts under in kvserve_http_responses_total (bounded label values).
 std::string route_label(const std::string& path) {
@@ -100,6 +101,8 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   if (options_.poll_interval_ms < 1 || options_.heartbeat_ms < 1 || options_.keep_alive_timeout_seconds < 1 ||
       options_.retry_after_seconds < 0 || options_.listen_backlog < 1)
     fail("HTTP server timings must be positive");
+  cache_events_ = engine_options.cache_event_log > 0;
+  key_hash_ = engine_options.prefix.hash;
   if (options_.http_threads == 0)
     options_.http_threads = engine_options.scheduler.max_num_seqs + engine_options.max_waiting + 16;
   if (options_.require_api_key && keys_.size() == 0) fail("requiring API keys needs a key file (--api-keys)");
@@ -147,6 +150,7 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  s.Get("/v1/kv/events", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_events(req, res); });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error object
     if (res.status == 404) {
@@ -350,6 +354,49 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   r->stop = cr.stop;
   r->stop_at_eos = !cr.ignore_eos;
   return std::nullopt;
+}
+
+void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Response& res) {
+  const AuthResult auth = keys_.authenticate(req.get_header_value("Authorization"), options_.require_api_key);
+  if (auth.status != AuthResult::Status::Ok) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    send_error(res, error_of(401, "this route needs a valid API key (Authorization: Bearer KEY)",
+                             "invalid_request_error", "invalid_api_key"));
+    return;
+  }
+  if (!cache_events_) {
+    send_error(res, error_of(404, "prefix-cache events are off: start the server with --kv-events N",
+                             "invalid_request_error", "not_found"));
+    return;
+  }
+  // after and limit: non-negative integers.
+  auto number = [&](const char* name, uint64_t fallback, uint64_t* out) {
+    if (!req.has_param(name)) return *out = fallback, true;
+    const std::string v = req.get_param_value(name);
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos) {
+      send_error(res, error_of(400, fmt::format("'{}' must be a non-negative integer (got '{}')", name, v),
+                               "invalid_request_error", "invalid_value", name));
+      return false;
+    }
+    *out = std::stoull(v);
+    return true;
+  };
+  uint64_t after = 0, limit = 0;
+  if (!number("after", 0, &after) || !number("limit", 1000, &limit)) return;
+  const CacheEventPage page = engine_.cache_events(after, size_t(std::clamp<uint64_t>(limit, 1, 10000)));
+  json events = json::array();
+  for (const CacheEventRecord& r : page.events) {
+    const CacheEvent& e = r.event;
+    json j = {{"seq", r.seq},
+              {"type", cache_event_kind_name(e.kind)},
+              {"block_key", e.key.hex(key_hash_)},
+              {"depth", e.depth},
+              {"tenant", r.tenant}};
+    j["parent_key"] = e.depth == 0 ? json(nullptr) : json(e.parent.hex(key_hash_));
+    if (e.kind == CacheEventKind::Removed) j["reason"] = cache_remove_reason_name(e.reason);
+    events.push_back(std::move(j));
+  }
+  send_json(res, 200, {{"object", "list"}, {"data", events}, {"next", page.next}, {"first_kept", page.first_kept}});
 }
 
 void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {

@@ -96,6 +96,8 @@ class HttpServer {
   struct Completion;
 
   void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
+  void handle_cache_events(const httplib::Request& req, httplib::Response& res);
   // Prompt tokens and max_tokens of a parsed request, or the 400.
   std::optional<ApiError> prepare(const CompletionRequest& cr, Request* out) const;
   void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
@@ -110,6 +112,8 @@ class HttpServer {
   void end_request(uint64_t ticket);
 
   Engine& engine_;
+  bool cache_events_ = false;               // the engine logs prefix-cache events
+  BlockHashAlgo key_hash_ = BlockHashAlgo::Xxh3_128;  // how event keys print
   ApiKeys keys_;
   HttpServerOptions options_;
   std::string model_name_;
