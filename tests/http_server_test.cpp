@@ -685,7 +685,9 @@ TEST_F(HttpServerTest, ShutdownCancelsWhatOutlivesTheDrainDeadline) {
   auto whole = std::async(std::launch::async, [this] { return post("/v1/completions", completion("A cat", 400)); });
   ASSERT_TRUE(step_until([&] { return engine_->stats().running == 2; }));
   std::thread closer([this] { server_->shutdown(0.2); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the deadline: cancels are queued
+  // Past the deadline the server cancels both; only then may the engine run
+  // (else it could finish them first on a slow machine).
+  stats_when([](const EngineStats& s) { return s.cancels_requested >= 2; });
   paused_ = false;
   const Reply s = stream.get();
   const Reply w = whole.get();

@@ -290,9 +290,13 @@ SubmitResult Engine::submit(Request r) {
 }
 
 void Engine::cancel(RequestId id) {
-  std::lock_guard<std::mutex> lock(inbox_mutex_);
-  inbox_.cancels.push_back(id);
-  inbox_cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    inbox_.cancels.push_back(id);
+    inbox_cv_.notify_one();
+  }
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.cancels_requested;
 }
 
 void Engine::absorb_inbox() {
@@ -439,8 +443,10 @@ void Engine::publish_stats() {
   waiting_.store(local_.waiting);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex
+  const int64_t cancels = stats_.cancels_requested;   // counted by cancel, under this mutex
   stats_ = local_;
   stats_.requests_rejected = rejected;
+  stats_.cancels_requested = cancels;
 }
 
 EngineStats Engine::stats() const {

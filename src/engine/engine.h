@@ -98,6 +98,7 @@ struct SubmitResult {
 struct EngineStats {
   int64_t requests_submitted = 0;
   int64_t requests_rejected = 0;        // queue full
+  int64_t cancels_requested = 0;        // cancel() calls (a request may be cancelled more than once)
   int64_t requests_finished = 0;        // all reasons
   int64_t finished_stop = 0, finished_length = 0, finished_cancelled = 0, finished_error = 0;
   int64_t prompt_tokens = 0;            // prompt tokens of admitted requests (first admission)

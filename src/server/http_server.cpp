@@ -152,7 +152,7 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   });
   s.Get("/v1/kv/events", [this](const httplib::Request& req, httplib::Response& res) { handle_cache_events(req, res); });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a handler's own error object
+    if (!res.body.empty() || res.content_length_ > 0) return;  // a handler's own error object (maybe handed over)
     if (res.status == 404) {
       for (const Route& r : kRoutes) {
         if (req.path == r.path) {
@@ -242,6 +242,28 @@ void HttpServer::shutdown(double drain_seconds) {
   // than after their keep-alive timeout.
   ConnectionProbe::shutdown_all(port_);
   listener_.join();
+}
+
+void HttpServer::end_after_write(httplib::Response& res) {
+  // httplib writes a body after the handler returns. Ending the response at
+  // the handler's return would let shutdown close the connection (it shuts
+  // every socket of the port once no response is active) before the bytes
+  // left: hand the body to httplib as a content provider whose releaser,
+  // called once the response is written or abandoned, ends it.
+  if (res.body.empty()) {
+    end_response();
+    return;
+  }
+  auto body = std::make_shared<std::string>(std::move(res.body));
+  res.body.clear();
+  const std::string type = res.get_header_value("Content-Type");
+  res.headers.erase("Content-Type");  // set_content_provider sets it again
+  res.set_content_provider(
+      body->size(), type,
+      [body](size_t offset, size_t length, httplib::DataSink& sink) {
+        return sink.write(body->data() + offset, std::min(length, body->size() - offset));
+      },
+      [this](bool) { end_response(); });
 }
 
 bool HttpServer::begin_response() {
@@ -404,15 +426,17 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     send_error(res, shutting_down());
     return;
   }
-  // Until a stream's releaser takes it over, this handler ends the response.
+  // Until a stream's releaser takes it over, this handler ends the response
+  // (once its body is written: see end_after_write).
   bool handed_over = false;
   struct EndGuard {
     HttpServer* server;
     bool* handed_over;
+    httplib::Response* res;
     ~EndGuard() {
-      if (!*handed_over) server->end_response();
+      if (!*handed_over) server->end_after_write(*res);
     }
-  } guard{this, &handed_over};
+  } guard{this, &handed_over, &res};
 
   const AuthResult auth = keys_.authenticate(req.get_header_value("Authorization"), options_.require_api_key);
   if (auth.status != AuthResult::Status::Ok) {

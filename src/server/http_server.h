@@ -107,6 +107,8 @@ class HttpServer {
   // Bookkeeping for a graceful shutdown.
   bool begin_response();                              // false while draining
   void end_response();
+  // end_response once httplib has written res's body (now when it has none).
+  void end_after_write(httplib::Response& res);
   uint64_t begin_request();                           // a ticket for one submitted request
   void set_request_id(uint64_t ticket, RequestId id);
   void end_request(uint64_t ticket);
