@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "test_support.h"
+#include "util/error.h"
 
 namespace kvserve {
 namespace {
@@ -63,6 +64,19 @@ TEST_F(WorkloadTest, SharedPromptIsComputedOnce) {
   // sequences' own blocks).
   EXPECT_EQ(warm.max_running, 4);
   EXPECT_LT(warm.kv_bytes_peak * 2, cold.kv_bytes_peak);
+}
+
+TEST_F(WorkloadTest, OpenLoopArrivalsRunEveryRequestAtItsTime) {
+  WorkloadOptions w = shared_prefix(12, 1, false);
+  w.request_rate = 40;  // Poisson arrivals, mean gap 25 ms: the 11 gaps take ~0.27 s
+  const WorkloadReport r = run(options(256), w);
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_EQ(r.generated_tokens, 12 * 4);
+  EXPECT_EQ(r.cached_tokens, 11 * 128);  // every later request finds the prompt
+  EXPECT_GT(r.seconds, 0.1);            // the engine waited for arrivals
+  w.name = "returning";
+  w.turns = 2;
+  EXPECT_THROW(w.validate(512), Error);  // a turn waits for its answer: closed loop only
 }
 
 TEST_F(WorkloadTest, TenantScopeHasNoCrossTenantHitsAndKeepsHitsWithinATenant) {

@@ -48,6 +48,7 @@ void run_workload_bench(const BenchArgs& a) {
   j["workload"] = a.workload.name;
   j["requests"] = r.requests;
   j["concurrency"] = a.workload.concurrency;
+  j["request_rate"] = a.workload.request_rate;
   j["tenants"] = a.workload.tenants;
   j["prompt_tokens"] = r.prompt_tokens;
   j["prefill_tokens_computed"] = r.prefill_tokens_computed;
@@ -268,6 +269,7 @@ void register_bench(CLI::App& app) {
     if (cmd->count("--requests")) a->workload.requests = a->load.requests;
     if (cmd->count("--concurrency")) a->workload.concurrency = a->load.concurrency;
     if (cmd->count("--max-tokens")) a->workload.max_tokens = a->load.max_tokens;
+    if (cmd->count("--request-rate")) a->workload.request_rate = a->load.request_rate;
     if (a->replicas > 0) {
       ReplicaBenchOptions r{.replicas = a->replicas, .model_path = a->common.model_path,
                             .kv_tiers = a->engine.kv_tiers, .workload = a->workload, .json = a->common.json};

@@ -1,8 +1,10 @@
 #include "engine/workload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "util/error.h"
 #include "util/timer.h"
@@ -32,6 +34,9 @@ void WorkloadOptions::validate(int32_t context_length) const {
   if (name != "shared-prefix" && name != "returning" && name != "hot-burst")
     fail("unknown workload '{}' (known: shared-prefix, returning, hot-burst)", name);
   if (name == "hot-burst" && hot_every < 2) fail("--hot-every must be at least 2 (got {})", hot_every);
+  if (!(request_rate >= 0)) fail("--request-rate must be >= 0 (got {})", request_rate);
+  if (request_rate > 0 && name == "returning")
+    fail("the returning workload is a closed loop (a turn waits for the answer before it)");
   if (requests <= 0 || tenants <= 0 || concurrency <= 0 || max_tokens <= 0 || turns <= 0)
     fail("--requests, --tenants, --turns, --concurrency and --max-tokens must be positive");
   if (prefix_tokens <= 0 || suffix_tokens < 0) fail("--prefix-tokens must be positive and --suffix-tokens >= 0");
@@ -121,10 +126,24 @@ WorkloadReport run_workload(Engine& engine, const WorkloadOptions& o) {
   // A conversation's next turn waits for its previous answer.
   auto ready = [&](int32_t i) { return !returning || i < conversations || done[size_t(i - conversations)]; };
 
+  // Open loop: Poisson arrival times, seconds from the start.
+  std::vector<double> arrival;
+  if (o.request_rate > 0) {
+    std::mt19937_64 rng(o.seed * 7717 + 1);
+    std::exponential_distribution<double> gap(o.request_rate);
+    double t = 0;
+    for (int32_t i = 0; i < o.requests; ++i) arrival.push_back(i == 0 ? 0.0 : (t += gap(rng)));
+  }
+  auto due = [&](int32_t i) {
+    return arrival.empty() ? submitted - finished < o.concurrency && ready(i) : wall.seconds() >= arrival[size_t(i)];
+  };
   const EngineStats before = engine.stats();
   while (finished < o.requests) {
-    while (submitted < o.requests && submitted - finished < o.concurrency && ready(submitted)) submit(submitted);
-    if (!engine.step() && finished < submitted) fail("the engine stalled with {} requests open", submitted - finished);
+    while (submitted < o.requests && due(submitted)) submit(submitted);
+    if (engine.step()) continue;
+    if (finished < submitted) fail("the engine stalled with {} requests open", submitted - finished);
+    if (!arrival.empty() && submitted < o.requests)  // idle until the next arrival
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, arrival[size_t(submitted)] - wall.seconds())));
   }
   report.seconds = wall.seconds();
   const EngineStats s = engine.stats();

@@ -38,7 +38,10 @@ struct WorkloadOptions {
   int32_t hot_every = 10;         // hot-burst: one hot request in this many
   bool pin_hot = true;            // hot-burst: hot requests ask for their prompt to be pinned
   int32_t max_tokens = 16;        // tokens generated per request
-  int32_t concurrency = 8;        // requests in flight at once
+  int32_t concurrency = 8;        // requests in flight at once (closed loop)
+  // Open loop: requests arrive at this mean rate (req/s, Poisson, seeded)
+  // whatever is in flight, as independent users do; 0 = closed loop.
+  double request_rate = 0;
   uint64_t seed = 1;
 
   // Throws kvserve::Error for non-positive counts or prompts past the context.
@@ -72,7 +75,9 @@ struct WorkloadReport {
   int32_t failed = 0;                   // requests that ended in an error
 };
 
-// Runs the workload on `engine` (which must not have been start()ed).
+// Runs the workload on `engine` (which must not have been start()ed); the
+// engine is stepped in this thread, which sleeps when idle until the next
+// open-loop arrival.
 WorkloadReport run_workload(Engine& engine, const WorkloadOptions& options);
 
 }  // namespace kvserve
