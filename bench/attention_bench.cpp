@@ -6,7 +6,7 @@
 // V block. Blocks live as the KV cache keeps them: per layer an arena indexed
 // by block id holding the K block then the V block. The L3 (260 MiB) would
 // hold one layer's KV at every codec, so iterations cycle through copies of
-// the layer totalling at least kWorkingSetBytes, as a decode step over all
+// the layer totalling at least working_set_bytes(), as a decode step over all
 // layers of a long context streams from DRAM. bytes_per_second counts the K
 // and V bytes read (block_bytes * blocks, metadata included).
 //
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -32,7 +33,12 @@
 namespace kvserve {
 namespace {
 
-constexpr size_t kWorkingSetBytes = size_t(768) << 20;  // ~3x the L3
+// ~3x the L3; ATTENTION_BENCH_WORKING_SET_MB overrides it (a small value keeps
+// the layer in cache, to see the kernels' compute-bound speed).
+size_t working_set_bytes() {
+  const char* mb = std::getenv("ATTENTION_BENCH_WORKING_SET_MB");
+  return (mb != nullptr ? size_t(std::atoll(mb)) : size_t(768)) << 20;
+}
 constexpr int kHeadDim = 64, kKvHeads = 8, kGroup = 3, kBlock = 16;
 constexpr int kDistinctBlocks = 64;  // encoded once, then copied across the arena
 
@@ -87,7 +93,7 @@ struct LayerSet {
       v->encode_block(dst + k_bytes, x.data(), kBlock);
     }
     const size_t layer_bytes = size_t(n_blocks) * (k_bytes + v_bytes);
-    const size_t count = std::max<size_t>(2, (kWorkingSetBytes + layer_bytes - 1) / layer_bytes);
+    const size_t count = std::max<size_t>(2, (working_set_bytes() + layer_bytes - 1) / layer_bytes);
     for (size_t c = 0; c < count; ++c) {
       AlignedBuffer<uint8_t> buf(layer_bytes);
       for (int b = 0; b < n_blocks; ++b)
@@ -116,22 +122,28 @@ void prefetch_head(const uint8_t* block, size_t bytes, int kv_head) {
   for (size_t off = 0; off < slice; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
 
-// One KV head of one layer, as attend_kv_head does it. scores: (kGroup, stride).
+// One KV head of one layer, as attend_kv_head does it, hinting kAhead blocks
+// ahead. scores: (kGroup, stride).
+constexpr int kAhead = 4;
 void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
                  float* out) {
   const int stride = set.n_blocks * kBlock;
   const size_t block_step = set.k_bytes + set.v_bytes;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  for (int b = 0; b < std::min(kAhead, set.n_blocks); ++b) prefetch_head(arena + size_t(b) * block_step, set.k_bytes, kv_head);
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(kBlock, set.n_ctx - b * kBlock);
-    if (b + 1 < set.n_blocks) prefetch_head(arena + size_t(b + 1) * block_step, set.k_bytes, kv_head);
+    if (b + kAhead < set.n_blocks) prefetch_head(arena + size_t(b + kAhead) * block_step, set.k_bytes, kv_head);
     set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * kBlock, stride);
   }
   for (int i = 0; i < kGroup; ++i) softmax(scores + size_t(i) * stride, set.n_ctx);
   std::fill(out, out + kGroup * kHeadDim, 0.0f);
+  for (int b = 0; b < std::min(kAhead, set.n_blocks); ++b)
+    prefetch_head(arena + size_t(b) * block_step + set.k_bytes, set.v_bytes, kv_head);
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(kBlock, set.n_ctx - b * kBlock);
-    if (b + 1 < set.n_blocks) prefetch_head(arena + size_t(b + 1) * block_step + set.k_bytes, set.v_bytes, kv_head);
+    if (b + kAhead < set.n_blocks)
+      prefetch_head(arena + size_t(b + kAhead) * block_step + set.k_bytes, set.v_bytes, kv_head);
     set.v->accumulate(scores + b * kBlock, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
                       out);
   }

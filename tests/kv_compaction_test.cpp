@@ -165,7 +165,9 @@ TEST_P(Compaction, KeptTokensAndAttentionSurvive) {
       attend_kv_head_reference(cache, layer, t, t.num_tokens, h, group, head_dim, q.data(), ref_now.data());
       ref_kept = reference_over(full, f, layer, h, kept, q, group, head_dim);
       for (size_t i = 0; i < out.size(); ++i) {
-        EXPECT_NEAR(out[i], ref_now[i], 2e-5) << cc.name;
+        // Channel-grouped keys are scored with the query rounded to 16 bits
+        // (int_codecs.cpp): logits within ~1e-4, outputs within 1e-4.
+        EXPECT_NEAR(out[i], ref_now[i], cc.keys_reencoded ? 1e-4 : 2e-5) << cc.name;
         EXPECT_NEAR(out[i], ref_kept[i], cc.attention_tolerance) << cc.name << " layer " << layer << " head " << h;
       }
     }

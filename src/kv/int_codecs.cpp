@@ -589,8 +589,16 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 // group of group_size tokens an fp16 (scale, min) pair per channel, fitted
 // over those tokens. Static: codes only; the fixed per-channel ranges live in
 // the codec. Head-major when a head's codes fill whole bytes: per KV head,
-// codes (block_size, head_dim) then pairs (token group, head_dim). Otherwise
-// codes (block_size, kv_dim) rows, then pairs (token group, kv_dim).
+// codes then pairs (token group, head_dim). Otherwise codes (block_size,
+// kv_dim) rows, then pairs (token group, kv_dim).
+//
+// A head's codes are channel-major for dynamic post-RoPE groups: byte
+// (c / (8 / B), t) holds channels c .. c + 8 / B - 1 of token t, so one byte
+// row covers every token of the block for those channels. Scoring then runs
+// with tokens in SIMD lanes: the group's scale folds into the query once, and
+// the codes meet it as 16-bit integers in pairwise dot products (no float
+// dequantization, no per-token horizontal sums). Static scales and pre-RoPE
+// keys (a query per token) keep token rows (block_size, head_dim).
 template <int B>
 class ChannelCodec final : public KvCodec {
  public:
@@ -600,6 +608,7 @@ class ChannelCodec final : public KvCodec {
         group_(static_ ? s.block_size : c.group_size),
         code_bytes_(size_t(s.kv_dim()) * B / 8),
         head_major_(s.head_dim * B % 8 == 0),
+        channel_major_(head_major_ && !static_ && !c.pre_rope),
         head_code_bytes_(size_t(s.head_dim) * B / 8),
         head_bytes_(size_t(s.block_size) * head_code_bytes_ +
                     (static_ ? 0 : size_t(s.block_size / group_) * size_t(s.head_dim) * 2 * sizeof(fp16_t))) {
@@ -624,6 +633,9 @@ class ChannelCodec final : public KvCodec {
         Order::to_lanes(static_min_.data() + d, static_min_lanes_.data() + d);
       }
     }
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
 #endif
   }
 
@@ -667,8 +679,7 @@ class ChannelCodec final : public KvCodec {
         meta[1] = a.min16;
         const float inv = inverse(a.scale);
         for (int t = t0; t < t1; ++t)
-          set_code<B>(code_row(block, t, d / shape_.head_dim), index(d),
-                      quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
+          put(block, t, d, quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
       }
     }
   }
@@ -686,15 +697,21 @@ class ChannelCodec final : public KvCodec {
     load_affine(block, slot / group_, 0, kv_dim, scale.data(), min.data());
     for (int d = 0; d < kv_dim; ++d)
       out[d] = min[size_t(d)] +
-               scale[size_t(d)] * float(get_code<B>(code_row(block, slot, d / shape_.head_dim), index(d)));
+               scale[size_t(d)] * float(get(block, slot, d));
   }
 
   // q·k_t = sum_d (q_d * scale_d) * code_td + sum_d q_d * min_d: one scaled
   // query per token group, then integer codes against it.
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (channel_major_simd_) {
+      score_channel_major(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
 #if defined(__AVX512F__)
-    if (simd_) {
+    if (simd_ && !channel_major_) {
       simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride);
       return;
     }
@@ -721,7 +738,7 @@ class ChannelCodec final : public KvCodec {
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
 #if defined(__AVX512F__)
-    if (simd_) {
+    if (simd_ && !channel_major_) {
       simd::score(source(block, n, kv_head), q, n_q, true, n, scale, scores, stride);
       return;
     }
@@ -745,8 +762,14 @@ class ChannelCodec final : public KvCodec {
   // out_d += scale_d * sum_t w_t code_td + min_d * sum_t w_t, per token group.
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (channel_major_simd_) {
+      accumulate_channel_major(weights, n_q, stride, block, n, kv_head, out);
+      return;
+    }
+#endif
 #if defined(__AVX512F__)
-    if (simd_) {
+    if (simd_ && !channel_major_) {
       simd::accumulate(source(block, n, kv_head), weights, n_q, stride, n, out);
       return;
     }
@@ -772,6 +795,220 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  // Channel-major kernels. A "pair vector" holds, for 16 tokens (lanes), the
+  // codes of channels 2p and 2p + 1 as two 16-bit integers.
+  // Pair vectors p .. p + kPairsPerLoad - 1 of tokens [t0, t0 + 16) (lanes of
+  // mask m; the others are zero).
+  static constexpr int kPairsPerLoad = B == 2 ? 2 : 1;
+  static void load_pairs(const uint8_t* head, int bs, int p, int t0, __mmask16 m, __m512i* x) {
+    auto row = [&](int r) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, head + size_t(r) * bs + t0)); };
+    // (a | b) & c as one ternary-logic instruction.
+    auto or_and = [](__m512i a, __m512i b, int c) { return _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(c), 0xA8); };
+    if constexpr (B == 8) {
+      x[0] = _mm512_or_si512(row(2 * p), _mm512_slli_epi32(row(2 * p + 1), 16));
+    } else if constexpr (B == 4) {  // byte p: channel 2p low nibble, 2p + 1 high nibble
+      const __m512i b = row(p);
+      x[0] = or_and(b, _mm512_slli_epi32(b, 12), 0x000F000F);
+    } else {  // byte p / 2: channels 2p .. 2p + 3 in bit pairs
+      const __m512i b = row(p / 2);
+      x[0] = or_and(b, _mm512_slli_epi32(b, 14), 0x00030003);
+      x[1] = or_and(_mm512_srli_epi32(b, 4), _mm512_slli_epi32(b, 10), 0x00030003);
+    }
+  }
+  static __m512i dot_pairs(__m512i acc, __m512i codes, __m512i q) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, codes, q);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(codes, q));
+#endif
+  }
+  static __mmask16 lanes(int count) { return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1); }
+  // The (scale, min) of the head's channels for token group tg, as floats.
+  void head_affine(const uint8_t* block, int tg, int kv_head, float* scale, float* min) const {
+    const int hd = shape_.head_dim;
+    const fp16_t* meta = pair(block, tg, kv_head * hd);
+    for (int d = 0; d < hd; d += 16) {
+      __m512 sc, mn;
+      simd::split_pairs(_mm512_maskz_loadu_epi32(lanes(hd - d), meta + 2 * d), sc, mn);
+      _mm512_mask_storeu_ps(scale + d, lanes(hd - d), sc);
+      _mm512_mask_storeu_ps(min + d, lanes(hd - d), mn);
+    }
+  }
+
+  // NQ queries (NQ, hd) folded with the channel scales: q16 = round(q_c
+  // scale_c / step), step = max_c |q_c scale_c| / qmax, and bias = sum_c q_c
+  // min_c. The queries go side by side so that their reductions overlap.
+  template <int NQ>
+  static void fold_queries(const float* q, int hd, const float* sc, const float* mn, float qmax, float* step,
+                           float* bias, int16_t* q16) {
+    __m512 amax[NQ], b[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) amax[i] = b[i] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lanes(hd - d);
+      const __m512 s = _mm512_maskz_loadu_ps(m, sc + d), mi = _mm512_maskz_loadu_ps(m, mn + d);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 x = _mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d);
+        amax[i] = _mm512_max_ps(amax[i], _mm512_abs_ps(_mm512_mul_ps(x, s)));
+        b[i] = _mm512_fmadd_ps(x, mi, b[i]);
+      }
+    }
+    __m512 inv[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) {
+      const float top = _mm512_reduce_max_ps(amax[i]);
+      step[i] = top * (1.0f / qmax);
+      bias[i] = _mm512_reduce_add_ps(b[i]);
+      inv[i] = _mm512_set1_ps(top > 0 ? qmax / top : 0.0f);
+    }
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lanes(hd - d);
+      const __m512 s = _mm512_maskz_loadu_ps(m, sc + d);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d), s);
+        _mm256_mask_storeu_epi16(q16 + size_t(i) * hd + d, m,
+                                 _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv[i]))));
+      }
+    }
+  }
+
+  // Scores of NQ queries against tokens [t0, t0 + 16) (lanes of m): q16 is
+  // (NQ, head_dim) int16, read as (NQ, head_dim / 2) channel pairs;
+  // score = scale * (step * dot + bias) per query.
+  template <int NQ>
+  static void score_tile(const uint8_t* head, int bs, int pairs, int t0, __mmask16 m, const int32_t* q16,
+                         const float* step, const float* bias, float scale, float* scores, int stride) {
+    // Two sums per query (even and odd pairs): the dot products' latency, not
+    // their throughput, would bound a single chain.
+    __m512i acc[2][NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) acc[0][i] = acc[1][i] = _mm512_setzero_si512();
+    int p = 0;
+    for (; p + 2 <= pairs; p += 2) {
+      __m512i x[2];
+      load_pairs(head, bs, p, t0, m, x);
+      if constexpr (kPairsPerLoad == 1) load_pairs(head, bs, p + 1, t0, m, x + 1);
+      #pragma GCC unroll 8
+      for (int k = 0; k < 2; ++k)
+        #pragma GCC unroll 8
+        for (int i = 0; i < NQ; ++i) acc[k][i] = dot_pairs(acc[k][i], x[k], _mm512_set1_epi32(q16[i * pairs + p + k]));
+    }
+    if (p < pairs) {  // an odd pair count (B = 8 or 4)
+      __m512i x[kPairsPerLoad];
+      load_pairs(head, bs, p, t0, m, x);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) acc[0][i] = dot_pairs(acc[0][i], x[0], _mm512_set1_epi32(q16[i * pairs + p]));
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0][i], acc[1][i]));
+      const __m512 dot = _mm512_fmadd_ps(sum, _mm512_set1_ps(step[i]), _mm512_set1_ps(bias[i]));
+      _mm512_mask_storeu_ps(scores + size_t(i) * stride + t0, m, _mm512_mul_ps(_mm512_set1_ps(scale), dot));
+    }
+  }
+
+  // q·k_t = sum_c (q_c scale_c) code_tc + sum_c q_c min_c. The folded query is
+  // rounded to 16 bits with one step per (query, token group): at most
+  // 32767 steps across its largest channel, fewer where int32 sums of
+  // head_dim products could overflow.
+  void score_channel_major(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                           float* scores, int stride) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd)));
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> qbuf;
+    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
+    if (qbuf.size() < size_t(n_q * pairs)) qbuf.resize(size_t(n_q * pairs));
+    float *sc = fbuf.data(), *mn = sc + hd, *step = mn + hd, *bias = step + n_q;
+    int16_t* q16 = reinterpret_cast<int16_t*>(qbuf.data());
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      head_affine(block, tg, kv_head, sc, mn);
+      for (int i = 0; i < n_q; i += 4) {
+        const float* qi = q + size_t(i) * hd;
+        int16_t* oi = q16 + size_t(i) * hd;
+        switch (std::min(4, n_q - i)) {
+          case 1: fold_queries<1>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
+          case 2: fold_queries<2>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
+          case 3: fold_queries<3>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
+          default: fold_queries<4>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
+        }
+      }
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 16) {
+        const __mmask16 m = lanes(t1 - t0);
+        for (int i = 0; i < n_q; i += 4) {
+          const int32_t* qi = qbuf.data() + size_t(i) * pairs;
+          float* si = scores + size_t(i) * stride;
+          switch (std::min(4, n_q - i)) {
+            case 1: score_tile<1>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
+            case 2: score_tile<2>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
+            case 3: score_tile<3>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
+            default: score_tile<4>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
+          }
+        }
+      }
+    }
+  }
+
+  // out_c += scale_c sum_t w_t code_tc + min_c sum_t w_t per token group;
+  // the sums over tokens (lanes) are reduced 16 channels at a time.
+  void accumulate_channel_major(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                                float* out) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    const int tiles = (hd + 15) / 16;
+    thread_local std::vector<float> fbuf;
+    const size_t need = size_t(2 * hd) + size_t(n_q) * (size_t(tiles) * 16 + 1) + size_t(tiles) * 16 * 16;
+    if (fbuf.size() < need) fbuf.resize(need);
+    float *sc = fbuf.data(), *mn = sc + hd, *acc = mn + hd, *wsum = acc + size_t(n_q) * tiles * 16;
+    float* codes = wsum + n_q;  // (tiles * 16 channels, 16 token lanes)
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      head_affine(block, tg, kv_head, sc, mn);
+      std::fill(acc, acc + size_t(n_q) * tiles * 16 + size_t(n_q), 0.0f);  // acc and wsum
+      std::fill(codes, codes + size_t(tiles) * 256, 0.0f);
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 16) {
+        const __mmask16 m = lanes(t1 - t0);
+        for (int p = 0; p < pairs; p += kPairsPerLoad) {
+          __m512i x[kPairsPerLoad];
+          load_pairs(head, bs, p, t0, m, x);
+          for (int k = 0; k < kPairsPerLoad; ++k) {
+            const int c = 2 * (p + k);
+            _mm512_storeu_ps(codes + size_t(c) * 16, _mm512_cvtepi32_ps(_mm512_and_si512(x[k], _mm512_set1_epi32(0xFFFF))));
+            _mm512_storeu_ps(codes + size_t(c + 1) * 16, _mm512_cvtepi32_ps(_mm512_srli_epi32(x[k], 16)));
+          }
+        }
+        for (int i = 0; i < n_q; ++i) {
+          const __m512 w = _mm512_maskz_loadu_ps(m, weights + size_t(i) * stride + t0);
+          wsum[i] += _mm512_reduce_add_ps(w);
+          for (int tile = 0; tile < tiles; ++tile) {
+            __m512 prod[16];
+            #pragma GCC unroll 16
+            for (int c = 0; c < 16; ++c) prod[c] = _mm512_mul_ps(w, _mm512_loadu_ps(codes + size_t(tile * 16 + c) * 16));
+            float* a = acc + (size_t(i) * tiles + tile) * 16;
+            _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), simd::hsum16(prod)));
+          }
+        }
+      }
+      for (int i = 0; i < n_q; ++i)
+        for (int d = 0; d < hd; d += 16) {
+          const __mmask16 m = lanes(hd - d);
+          float* o = out + size_t(i) * hd + d;
+          const __m512 sum = _mm512_loadu_ps(acc + size_t(i) * tiles * 16 + d);
+          const __m512 add = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, sc + d), sum,
+                                             _mm512_mul_ps(_mm512_maskz_loadu_ps(m, mn + d), _mm512_set1_ps(wsum[i])));
+          _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), add));
+        }
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   // Per-channel scale and min of each token group, in lane order.
   struct Source {
@@ -842,6 +1079,24 @@ class ChannelCodec final : public KvCodec {
     return block + size_t(slot) * code_bytes_;
   }
   int index(int d) const { return head_major_ ? d % shape_.head_dim : d; }
+  // The code of row channel d of token slot, wherever the layout keeps it.
+  int get(const uint8_t* block, int slot, int d) const {
+    if (!channel_major_) return get_code<B>(code_row(block, slot, d / shape_.head_dim), index(d));
+    const int c = d % shape_.head_dim;
+    return (*channel_byte(block, slot, d) >> ((c % (8 / B)) * B)) & ((1 << B) - 1);
+  }
+  void put(uint8_t* block, int slot, int d, int code) const {
+    if (!channel_major_) return set_code<B>(code_row(block, slot, d / shape_.head_dim), index(d), code);
+    const int shift = (d % shape_.head_dim % (8 / B)) * B;
+    uint8_t& byte = *channel_byte(block, slot, d);
+    byte = uint8_t((byte & ~(((1 << B) - 1) << shift)) | (code << shift));
+  }
+  // Channel-major: the byte holding row channel d of token slot.
+  template <class P>
+  P* channel_byte(P* block, int slot, int d) const {
+    const int hd = shape_.head_dim;
+    return block + size_t(d / hd) * head_bytes_ + size_t((d % hd) / (8 / B)) * size_t(shape_.block_size) + size_t(slot);
+  }
   // The (scale, min) pair of channel d for token group tg; the pairs of one
   // head's channels are contiguous.
   template <class P>
@@ -871,8 +1126,7 @@ class ChannelCodec final : public KvCodec {
   // The head_dim codes of kv_head for token t, as floats.
   void unpack(const uint8_t* block, int t, int kv_head, float* out) const {
     const int hd = shape_.head_dim;
-    const uint8_t* row = code_row(block, t, kv_head);
-    for (int d = 0; d < hd; ++d) out[d] = float(get_code<B>(row, index(kv_head * hd + d)));
+    for (int d = 0; d < hd; ++d) out[d] = float(get(block, t, kv_head * hd + d));
   }
   static float* scratch(size_t n) {
     thread_local std::vector<float> buf;
@@ -884,10 +1138,12 @@ class ChannelCodec final : public KvCodec {
   int group_;          // tokens per (scale, min) group
   size_t code_bytes_;  // packed codes of one token row
   bool head_major_;
+  bool channel_major_;  // head-major codes stored (channel byte, token)
   size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
   size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
   bool simd_ = false;
+  bool channel_major_simd_ = false;  // channel_major_ with the integer kernels below
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
 };
 
