@@ -121,7 +121,10 @@ void BlockHasher::extend(const BlockKey& root, std::span<const int32_t> tokens, 
 }
 
 std::string kv_cache_identity(const KvCache& cache, std::string_view model_id) {
-  std::string out = fmt::format("model={}\nblock_size={}\nresidual={}\n", model_id, cache.block_size(), cache.residual());
+  // layout: bumped whenever a codec's bytes change meaning (2: channel-grouped
+  // codes stored channel-major), so tiers refuse blocks an older build wrote.
+  std::string out = fmt::format("model={}\nblock_size={}\nresidual={}\nlayout=2\n", model_id, cache.block_size(),
+                                cache.residual());
   auto codec = [&out](const KvCodec& c) {
     out += c.config().describe();
     // Calibrated ranges change the codes without changing the description.
