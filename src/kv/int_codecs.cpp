@@ -360,6 +360,7 @@ class SliceCodec : public KvCodec {
   }
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
+    if (self().integer_accumulate(weights, n_q, stride, block, n, kv_head, out)) return;
 #if defined(__AVX512F__)
     if (self().simd_ready()) {
       self().with_source(block, kv_head, [&](const auto& src) { simd::accumulate(src, weights, n_q, stride, n, out); });
@@ -391,6 +392,11 @@ class SliceCodec : public KvCodec {
   void decode_token(const uint8_t* block, int slot, float* out) const override {
     for (int h = 0; h < shape_.n_kv_heads; ++h) self().dequantize_head(block, slot, h, out + h * shape_.head_dim);
   }
+
+ protected:
+  // A codec with a faster accumulate for some layouts hides this and returns
+  // true where it ran.
+  bool integer_accumulate(const float*, int, int, const uint8_t*, int, int, float*) const { return false; }
 
  private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
@@ -427,6 +433,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     // Groups inside a head are looked up per lane from one vector of (at most
     // 16) group scales; finer groups take the scalar path.
     simd_ = hd % Order::kCodes == 0 && (group_ >= hd || hd / group_ <= 16);
+#if defined(__AVX512BW__)
+    pairs_ready_ = head_major_ && group_ == hd && B >= 4 && hd % kUnitChannels == 0;
+#endif
     if (simd_ && group_ < hd)
       for (int p = 0; p < hd; ++p) {  // lane-order position p -> element of the head slice
         const int c = p / Order::kCodes, k = p % Order::kCodes / 16, j = p % 16;
@@ -477,6 +486,66 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 
 #if defined(__AVX512F__)
   bool simd_ready() const { return simd_; }
+
+#if defined(__AVX512BW__)
+  // Values with one group per head (head-major, 8- or 4-bit codes):
+  //   out_i += sum_t w_it (min_t + scale_t code_t)
+  //          = sum_t w_it min_t + sum_t u_it code_t,  u_it = w_it scale_t,
+  // with u rounded to 16 bits, one step per (query, call). Two tokens' codes
+  // interleave as 16-bit pairs per channel and meet (u_t, u_t+1) in pairwise
+  // integer dot products: no float dequantization, two tokens per
+  // instruction. The interleave permutes channels within 128-bit lanes; that
+  // is undone once per call.
+  bool integer_accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                          float* out) const {
+    if (!pairs_ready_ || n <= 0) return false;
+    const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;
+    const uint8_t* codes = block + size_t(kv_head) * head_bytes_;
+    const uint8_t* meta = codes + size_t(shape_.block_size) * head_code_bytes_;
+    simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
+    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * n2)));
+    const int ns = (n2 + 15) / 16 * 16;  // floats of u per query
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> ubuf;
+    if (fbuf.size() < size_t(n_q) * (ns + 2)) fbuf.resize(size_t(n_q) * (ns + 2));
+    if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
+    float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
+    int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
+    for (int i = 0; i < n_q; ++i) {
+      __m512 top = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+      for (int t = 0; t < n2; t += 16) {
+        const __mmask16 m = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(0, n - t)) - 1);
+        __m512 sc, mn;
+        simd::split_pairs(_mm512_maskz_loadu_epi32(m, meta + size_t(t) * 4), sc, mn);
+        const __m512 w = _mm512_maskz_loadu_ps(m, weights + size_t(i) * stride + t);
+        const __m512 ut = _mm512_mul_ps(w, sc);
+        top = _mm512_max_ps(top, ut);
+        b = _mm512_fmadd_ps(w, mn, b);
+        _mm512_storeu_ps(u + size_t(i) * ns + t, ut);
+      }
+      const float mx = _mm512_reduce_max_ps(top);
+      step[i] = mx * (1.0f / qmax);
+      bias[i] = _mm512_reduce_add_ps(b);
+      const __m512 inv = _mm512_set1_ps(mx > 0 ? qmax / mx : 0.0f);
+      for (int t = 0; t < n2; t += 16) {
+        const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
+        const __m512 ut = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, u + size_t(i) * ns + t), inv);
+        _mm256_mask_storeu_epi16(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(ut)));
+      }
+    }
+    for (int i = 0; i < n_q; i += 4) {
+      const int32_t* ui = ubuf.data() + size_t(i) * n2 / 2;
+      float* oi = out + size_t(i) * hd;
+      switch (std::min(4, n_q - i)) {
+        case 1: accumulate_pairs<1>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
+        case 2: accumulate_pairs<2>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
+        case 3: accumulate_pairs<3>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
+        default: accumulate_pairs<4>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
+      }
+    }
+    return true;
+  }
+#endif
 
   // One (scale, min) for the whole head slice (groups of head_dim or more).
   struct HeadSource {
@@ -582,7 +651,86 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   int head_groups_;         // groups per head (head-major)
   size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
   bool simd_ = false;
+  bool pairs_ready_ = false;         // integer_accumulate applies
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
+
+#if defined(__AVX512BW__)
+  // 32 bytes of a token's codes as 16-bit words: B = 8, one vector of
+  // channels 0..31; B = 4, two vectors: channels 0-15 and 32-47, then 16-31
+  // and 48-63 (nibbles interleave within 128-bit lanes).
+  static constexpr int kUnitChannels = 256 / B, kWords = B == 8 ? 1 : 2;
+  static void words(const uint8_t* p, __m512i* x) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (B == 8) {
+      x[0] = _mm512_cvtepu8_epi16(b);
+    } else {
+      const __m256i nib = _mm256_set1_epi8(0x0F);
+      const __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
+      x[0] = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(lo, hi));
+      x[1] = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(lo, hi));
+    }
+  }
+  // First channel of natural vector m (0, 1) of word vector w.
+  static int first_channel(int w, int m) { return B == 8 ? 16 * m : 16 * w + 32 * m; }
+
+  // NQ queries; u: (NQ, upairs) int32 = (u_t, u_t+1) 16-bit pairs.
+  template <int NQ>
+  void accumulate_pairs(const uint8_t* codes, const int32_t* u, int upairs, int n, const float* step,
+                        const float* bias, float* out) const {
+    const int hd = shape_.head_dim;
+    const size_t row = head_code_bytes_;
+    // Lane 4L + j of unpacklo holds word 8L + j, of unpackhi word 8L + 4 + j.
+    const __m512i idx[2] = {_mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0),
+                            _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8)};
+    for (int unit = 0; unit * kUnitChannels < hd; ++unit) {
+      __m512i acc[NQ][2 * kWords];
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int k = 0; k < 2 * kWords; ++k) acc[i][k] = _mm512_setzero_si512();
+      const uint8_t* base = codes + size_t(unit) * 32;
+      for (int t = 0; t < n; t += 2) {
+        __m512i a[kWords], b[kWords];
+        words(base + size_t(t) * row, a);
+        if (t + 1 < n) {
+          words(base + size_t(t + 1) * row, b);
+        } else {
+          #pragma GCC unroll 2
+          for (int w = 0; w < kWords; ++w) b[w] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 2
+        for (int w = 0; w < kWords; ++w) {
+          const __m512i p0 = _mm512_unpacklo_epi16(a[w], b[w]), p1 = _mm512_unpackhi_epi16(a[w], b[w]);
+          #pragma GCC unroll 8
+          for (int i = 0; i < NQ; ++i) {
+            const __m512i ut = _mm512_set1_epi32(u[size_t(i) * upairs + t / 2]);
+            acc[i][2 * w] = dot_pairs(acc[i][2 * w], p0, ut);
+            acc[i][2 * w + 1] = dot_pairs(acc[i][2 * w + 1], p1, ut);
+          }
+        }
+      }
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 2
+        for (int w = 0; w < kWords; ++w)
+          #pragma GCC unroll 2
+          for (int m = 0; m < 2; ++m) {
+            const __m512i v = _mm512_permutex2var_epi32(acc[i][2 * w], idx[m], acc[i][2 * w + 1]);
+            float* o = out + size_t(i) * hd + unit * kUnitChannels + first_channel(w, m);
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(v),
+                                                                                   _mm512_set1_ps(step[i]),
+                                                                                   _mm512_set1_ps(bias[i]))));
+          }
+    }
+  }
+  static __m512i dot_pairs(__m512i acc, __m512i codes, __m512i u) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, codes, u);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(codes, u));
+#endif
+  }
+#endif
 };
 
 // Channel groups (KIVI keys) and static per-channel scales. Dynamic: per
