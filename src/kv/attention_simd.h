@@ -30,6 +30,24 @@ inline __m512 hsum16(const __m512* v) {
   const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
   return _mm512_permutexvar_ps(idx, d);
 }
+
+// Reduces up to four vectors at once (lane i of the result: the max, or the
+// sum, of v[i]'s lanes): ~10 instructions for four reductions instead of ~8
+// per vector, and one dependency chain instead of four.
+template <bool kMax>
+inline __m128 reduce4(const __m512* v, int count) {
+  auto op = [](__m512 a, __m512 b) { return kMax ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b); };
+  const __m512 z = _mm512_setzero_ps();
+  const __m512 a = v[0], b = count > 1 ? v[1] : z, c = count > 2 ? v[2] : z, d = count > 3 ? v[3] : z;
+  // 128-bit chunks: (a0 op a2, a1 op a3, b0 op b2, b1 op b3), the same for c, d.
+  const __m512 ab = op(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = op(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // Chunk k: vector k's four partial lanes.
+  __m512 x = op(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  x = op(x, _mm512_permute_ps(x, 0x4E));
+  x = op(x, _mm512_permute_ps(x, 0xB1));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), x));
+}
 #endif
 
 // Prefetches into L2 `bytes` bytes at first + t * row_stride for the n rows

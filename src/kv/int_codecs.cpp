@@ -511,36 +511,20 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
     float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
     int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
-    for (int i = 0; i < n_q; ++i) {
-      __m512 top = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-      for (int t = 0; t < n2; t += 16) {
-        const __mmask16 m = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(0, n - t)) - 1);
-        __m512 sc, mn;
-        simd::split_pairs(_mm512_maskz_loadu_epi32(m, meta + size_t(t) * 4), sc, mn);
-        const __m512 w = _mm512_maskz_loadu_ps(m, weights + size_t(i) * stride + t);
-        const __m512 ut = _mm512_mul_ps(w, sc);
-        top = _mm512_max_ps(top, ut);
-        b = _mm512_fmadd_ps(w, mn, b);
-        _mm512_storeu_ps(u + size_t(i) * ns + t, ut);
-      }
-      const float mx = _mm512_reduce_max_ps(top);
-      step[i] = mx * (1.0f / qmax);
-      bias[i] = _mm512_reduce_add_ps(b);
-      const __m512 inv = _mm512_set1_ps(mx > 0 ? qmax / mx : 0.0f);
-      for (int t = 0; t < n2; t += 16) {
-        const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
-        const __m512 ut = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, u + size_t(i) * ns + t), inv);
-        _mm256_mask_storeu_epi16(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(ut)));
-      }
-    }
     for (int i = 0; i < n_q; i += 4) {
-      const int32_t* ui = ubuf.data() + size_t(i) * n2 / 2;
+      const float* wi = weights + size_t(i) * stride;
+      int16_t* ui = u16 + size_t(i) * n2;
+      const int32_t* pairs = ubuf.data() + size_t(i) * n2 / 2;
       float* oi = out + size_t(i) * hd;
+      auto run = [&](auto nq) {
+        fold_weights<nq.value>(wi, stride, meta, n, n2, ns, qmax, u, step + i, bias + i, ui);
+        accumulate_pairs<nq.value>(codes, pairs, n2 / 2, n, step + i, bias + i, oi);
+      };
       switch (std::min(4, n_q - i)) {
-        case 1: accumulate_pairs<1>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
-        case 2: accumulate_pairs<2>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
-        case 3: accumulate_pairs<3>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
-        default: accumulate_pairs<4>(codes, ui, n2 / 2, n, step + i, bias + i, oi); break;
+        case 1: run(std::integral_constant<int, 1>{}); break;
+        case 2: run(std::integral_constant<int, 2>{}); break;
+        case 3: run(std::integral_constant<int, 3>{}); break;
+        default: run(std::integral_constant<int, 4>{}); break;
       }
     }
     return true;
@@ -668,6 +652,44 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
       x[0] = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(lo, hi));
       x[1] = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(lo, hi));
+    }
+  }
+  // NQ queries' weights (NQ, stride) folded with the tokens' scales: u16 (NQ,
+  // n2) = round(w_t scale_t / step) (zero past n), step = max_t w_t scale_t /
+  // qmax, bias = sum_t w_t min_t. meta: the head's (scale, min) per token.
+  // u: scratch of (NQ, ns) floats.
+  template <int NQ>
+  static void fold_weights(const float* w, int stride, const uint8_t* meta, int n, int n2, int ns, float qmax,
+                           float* u, float* step, float* bias, int16_t* u16) {
+    __m512 top[NQ], b[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) top[i] = b[i] = _mm512_setzero_ps();
+    for (int t = 0; t < n2; t += 16) {
+      const __mmask16 m = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(0, n - t)) - 1);
+      __m512 sc, mn;
+      simd::split_pairs(_mm512_maskz_loadu_epi32(m, meta + size_t(t) * 4), sc, mn);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 wt = _mm512_maskz_loadu_ps(m, w + size_t(i) * stride + t);
+        const __m512 ut = _mm512_mul_ps(wt, sc);
+        top[i] = _mm512_max_ps(top[i], ut);
+        b[i] = _mm512_fmadd_ps(wt, mn, b[i]);
+        _mm512_storeu_ps(u + size_t(i) * ns + t, ut);
+      }
+    }
+    const __m128 tops = kvserve::simd::reduce4<true>(top, NQ);
+    const __mmask8 lane = __mmask8((1u << NQ) - 1);
+    _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
+    _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, NQ));
+    alignas(16) float invs[4];
+    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+    for (int t = 0; t < n2; t += 16) {
+      const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 ut = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, u + size_t(i) * ns + t), _mm512_set1_ps(invs[i]));
+        _mm256_mask_storeu_epi16(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(ut)));
+      }
     }
   }
   // First channel of natural vector m (0, 1) of word vector w.
@@ -1004,14 +1026,15 @@ class ChannelCodec final : public KvCodec {
         b[i] = _mm512_fmadd_ps(x, mi, b[i]);
       }
     }
+    const __m128 tops = kvserve::simd::reduce4<true>(amax, NQ);
+    const __mmask8 lane = __mmask8((1u << NQ) - 1);
+    _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
+    _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, NQ));
+    alignas(16) float invs[4];
+    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
     __m512 inv[NQ];
     #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
-      const float top = _mm512_reduce_max_ps(amax[i]);
-      step[i] = top * (1.0f / qmax);
-      bias[i] = _mm512_reduce_add_ps(b[i]);
-      inv[i] = _mm512_set1_ps(top > 0 ? qmax / top : 0.0f);
-    }
+    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]);
     for (int d = 0; d < hd; d += 16) {
       const __mmask16 m = lanes(hd - d);
       const __m512 s = _mm512_maskz_loadu_ps(m, sc + d);
