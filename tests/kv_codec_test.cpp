@@ -115,47 +115,47 @@ TEST(KvCodec, TokenEncodingEqualsBlockEncoding) {
   }
 }
 
+// Whether the vector kernels round a folded operand to 16 bits
+// (int_codecs.cpp) for dynamic integer codes of this grouping.
+bool rounds_folded(const KvCodec& codec, KvGrouping grouping) {
+  const KvCodecConfig& c = codec.config();
+  return kv_dtype_is_quantized(c.dtype) && c.dtype != KvDType::Q4_0 && c.grouping == grouping && !c.is_static();
+}
+// The largest magnitude among the first n decoded tokens of a KV head.
+double max_decoded(const KvCodec& codec, const uint8_t* block, int n, int kv_head) {
+  const int hd = codec.shape().head_dim;
+  std::vector<float> x(size_t(codec.shape().kv_dim()));
+  double top = 0;
+  for (int t = 0; t < n; ++t) {
+    codec.decode_token(block, t, x.data());
+    for (int d = 0; d < hd; ++d) top = std::max(top, std::fabs(double(x[size_t(kv_head * hd + d)])));
+  }
+  return top;
+}
+double max_abs(const float* x, int n) {
+  double top = 0;
+  for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(double(x[i])));
+  return top;
+}
+
 // Dynamic channel-grouped keys are scored against the query folded with the
-// channel scales and rounded to 16 bits (int_codecs.cpp): per channel at most
-// half a step of max_c |q_c scale_c| / 32767 against a code of at most
-// 2^B - 1, and scale_c (2^B - 1) is the channel's range, at most 2 max |k|.
-// 0 for every other codec, whose kernels compute what the reference does.
+// channel scales and rounded to 16 bits: per channel at most half a step of
+// max_c |q_c scale_c| / 32767 against a code of at most 2^B - 1, and
+// scale_c (2^B - 1) is the channel's range, at most 2 max |k|.
 double folded_query_error(const KvCodec& codec, const float* q, const uint8_t* block, int n, int kv_head,
                           float scale) {
-  const KvCodecConfig& c = codec.config();
-  if (!kv_dtype_is_quantized(c.dtype) || c.dtype == KvDType::Q4_0 || c.grouping != KvGrouping::Channel ||
-      c.is_static())
-    return 0;
+  if (!rounds_folded(codec, KvGrouping::Channel)) return 0;
   const int hd = codec.shape().head_dim;
-  std::vector<float> k(size_t(codec.shape().kv_dim()));
-  double kmax = 0, qmax = 0;
-  for (int t = 0; t < n; ++t) {
-    codec.decode_token(block, t, k.data());
-    for (int d = 0; d < hd; ++d) kmax = std::max(kmax, std::fabs(double(k[size_t(kv_head * hd + d)])));
-  }
-  for (int d = 0; d < hd; ++d) qmax = std::max(qmax, std::fabs(double(q[d])));
-  return 1.01 * scale * hd * qmax * kmax / 32767;
+  return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) / 32767;
 }
 
 // Values with one group per head are accumulated with u_t = w_t scale_t
-// rounded to 16 bits (int_codecs.cpp): per token at most half a step of
-// max_t u_t / 32767 against a code of at most 2^B - 1, and scale_t (2^B - 1)
-// is the token's range, at most 2 max |v|. 0 where the kernel computes what the
-// reference does. w: the weights of one query.
+// rounded to 16 bits: per token at most half a step of max_t u_t / 32767
+// against a code of at most 2^B - 1, and scale_t (2^B - 1) is the token's
+// range, at most 2 max |v|. w: the weights of one query.
 double folded_weight_error(const KvCodec& codec, const float* w, const uint8_t* block, int n, int kv_head) {
-  const KvCodecConfig& c = codec.config();
-  if (!kv_dtype_is_quantized(c.dtype) || c.dtype == KvDType::Q4_0 || c.grouping != KvGrouping::Token ||
-      c.is_static())
-    return 0;
-  const int hd = codec.shape().head_dim;
-  std::vector<float> v(size_t(codec.shape().kv_dim()));
-  double vmax = 0, wmax = 0;
-  for (int t = 0; t < n; ++t) {
-    codec.decode_token(block, t, v.data());
-    for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(double(v[size_t(kv_head * hd + d)])));
-    wmax = std::max(wmax, std::fabs(double(w[t])));
-  }
-  return 1.01 * n * wmax * vmax / 32767;
+  if (!rounds_folded(codec, KvGrouping::Token)) return 0;
+  return 1.01 * n * max_abs(w, n) * max_decoded(codec, block, n, kv_head) / 32767;
 }
 
 TEST(KvCodec, ScoreAndAccumulateMatchReference) {

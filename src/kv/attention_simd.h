@@ -50,6 +50,18 @@ inline __m128 reduce4(const __m512* v, int count) {
 }
 #endif
 
+#if defined(__AVX512BW__)
+// acc + pairwise products of 16-bit lanes (codes and a folded operand), summed
+// per 32-bit lane: one vpdpwssd with VNNI.
+inline __m512i dot_pairs(__m512i acc, __m512i codes, __m512i x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, codes, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(codes, x));
+#endif
+}
+#endif
+
 // Prefetches into L2 `bytes` bytes at first + t * row_stride for the n rows
 // of a block before the kernel walks them, so that many misses are in flight
 // at once instead of the couple the kernel's own loads would have.

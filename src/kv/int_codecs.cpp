@@ -170,6 +170,18 @@ struct Natural {
   }
 };
 
+// For nq <= 4 folded vectors: the largest magnitude top[i] and the sum b[i]
+// of each; writes step[i] = max / qmax (the 16-bit rounding step), bias[i] =
+// sum and inv[i] = qmax / max (0 when max is 0).
+inline void fold_steps(const __m512* top, const __m512* b, int nq, float qmax, float* step, float* bias,
+                       float* inv) {
+  const __m128 tops = kvserve::simd::reduce4<true>(top, nq);
+  const __mmask8 lane = __mmask8((1u << nq) - 1);
+  _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
+  _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, nq));
+  _mm_storeu_ps(inv, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+}
+
 inline float* scratch(int slot, size_t n) {
   thread_local std::vector<float> bufs[2];
   std::vector<float>& buf = bufs[slot];
@@ -677,12 +689,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         _mm512_storeu_ps(u + size_t(i) * ns + t, ut);
       }
     }
-    const __m128 tops = kvserve::simd::reduce4<true>(top, NQ);
-    const __mmask8 lane = __mmask8((1u << NQ) - 1);
-    _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
-    _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, NQ));
     alignas(16) float invs[4];
-    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+    simd::fold_steps(top, b, NQ, qmax, step, bias, invs);
     for (int t = 0; t < n2; t += 16) {
       const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
       #pragma GCC unroll 8
@@ -726,8 +734,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           #pragma GCC unroll 8
           for (int i = 0; i < NQ; ++i) {
             const __m512i ut = _mm512_set1_epi32(u[size_t(i) * upairs + t / 2]);
-            acc[i][2 * w] = dot_pairs(acc[i][2 * w], p0, ut);
-            acc[i][2 * w + 1] = dot_pairs(acc[i][2 * w + 1], p1, ut);
+            acc[i][2 * w] = kvserve::simd::dot_pairs(acc[i][2 * w], p0, ut);
+            acc[i][2 * w + 1] = kvserve::simd::dot_pairs(acc[i][2 * w + 1], p1, ut);
           }
         }
       }
@@ -744,13 +752,6 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
                                                                                    _mm512_set1_ps(bias[i]))));
           }
     }
-  }
-  static __m512i dot_pairs(__m512i acc, __m512i codes, __m512i u) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, codes, u);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(codes, u));
-#endif
   }
 #endif
 };
@@ -987,13 +988,6 @@ class ChannelCodec final : public KvCodec {
       x[1] = or_and(_mm512_srli_epi32(b, 4), _mm512_slli_epi32(b, 10), 0x00030003);
     }
   }
-  static __m512i dot_pairs(__m512i acc, __m512i codes, __m512i q) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, codes, q);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(codes, q));
-#endif
-  }
   static __mmask16 lanes(int count) { return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1); }
   // The (scale, min) of the head's channels for token group tg, as floats.
   void head_affine(const uint8_t* block, int tg, int kv_head, float* scale, float* min) const {
@@ -1026,12 +1020,8 @@ class ChannelCodec final : public KvCodec {
         b[i] = _mm512_fmadd_ps(x, mi, b[i]);
       }
     }
-    const __m128 tops = kvserve::simd::reduce4<true>(amax, NQ);
-    const __mmask8 lane = __mmask8((1u << NQ) - 1);
-    _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
-    _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, NQ));
     alignas(16) float invs[4];
-    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+    simd::fold_steps(amax, b, NQ, qmax, step, bias, invs);
     __m512 inv[NQ];
     #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]);
@@ -1066,13 +1056,13 @@ class ChannelCodec final : public KvCodec {
       #pragma GCC unroll 8
       for (int k = 0; k < 2; ++k)
         #pragma GCC unroll 8
-        for (int i = 0; i < NQ; ++i) acc[k][i] = dot_pairs(acc[k][i], x[k], _mm512_set1_epi32(q16[i * pairs + p + k]));
+        for (int i = 0; i < NQ; ++i) acc[k][i] = kvserve::simd::dot_pairs(acc[k][i], x[k], _mm512_set1_epi32(q16[i * pairs + p + k]));
     }
     if (p < pairs) {  // an odd pair count (B = 8 or 4)
       __m512i x[kPairsPerLoad];
       load_pairs(head, bs, p, t0, m, x);
       #pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i) acc[0][i] = dot_pairs(acc[0][i], x[0], _mm512_set1_epi32(q16[i * pairs + p]));
+      for (int i = 0; i < NQ; ++i) acc[0][i] = kvserve::simd::dot_pairs(acc[0][i], x[0], _mm512_set1_epi32(q16[i * pairs + p]));
     }
     #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) {
