@@ -62,6 +62,14 @@ struct MatmulArgs {
 #endif
 #endif
 
+#if defined(__AVX2__)
+[[maybe_unused]] inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 #if defined(KVSERVE_MATMUL_AVX512)
 
 // Decode streams the weights from DRAM once, and the hardware prefetcher alone
@@ -119,6 +127,42 @@ struct FloatKernel {
       KVSERVE_UNROLL
       for (int r = 0; r < R; ++r)
         a.y[(t0 + t) * a.w->rows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// AVX2 (16 registers): one weight row at a time against T tokens, 8 columns
+// per step, so the T accumulators and the row's vector fit in registers.
+
+template <class W>
+struct FloatKernel {
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256 load8(const fp16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static float weight(const float* p, int64_t k) { return p[k]; }
+  static float weight(const fp16_t* p, int64_t k) { return fp16_to_fp32(p[k]); }
+
+  template <int R, int T>
+  static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
+    const int64_t cols = a.w->cols;
+    for (int r = 0; r < R; ++r) {
+      const W* wr = reinterpret_cast<const W*>(a.w->row(r0 + r));
+      __m256 acc[T];
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 8 <= cols; k += 8) {
+        const __m256 wv = load8(wr + k);
+        KVSERVE_UNROLL
+        for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a.x + (t0 + t) * cols + k), acc[t]);
+      }
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) {
+        float sum = hsum8(acc[t]);
+        for (int64_t j = k; j < cols; ++j) sum += weight(wr, j) * a.x[(t0 + t) * cols + j];
+        a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
+      }
+    }
   }
 };
 
@@ -294,6 +338,52 @@ struct Q4Weights {
 #define KVSERVE_NO_VECTORIZE
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+
+// AVX2: one 32-value block per instruction pair. maddubs multiplies unsigned
+// by signed bytes, so the weights' signs move onto the activations (|w| times
+// x·sign(w)); pair sums stay within int16 (2 · 128 · 127 < 32768).
+inline __m256 block_dot(__m256i w, __m256i x) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline __m256i load_block(const Q8Weights&, const uint8_t* row, int64_t b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kQ8BlockBytes + 2));
+}
+inline __m256i load_block(const Q4Weights&, const uint8_t* row, int64_t b) {  // elements 0-15 low nibbles, 16-31 high
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kQ4BlockBytes + 2));
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), nib), _mm_and_si128(q, nib));
+  return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+}
+
+template <class Q>
+struct QuantKernel {
+  template <int R, int T>
+  static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
+    const int64_t nb = a.qx->blocks;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = a.w->row(r0 + r);
+      __m256 acc[T];
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i wv = load_block(Q{}, wr, b);
+        const float wd = Q::scale(wr, b);
+        KVSERVE_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const __m256i xv = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qx->row_qs(t0 + t) + b * 32));
+          acc[t] = _mm256_fmadd_ps(block_dot(wv, xv), _mm256_set1_ps(wd * a.qx->row_d(t0 + t)[b]), acc[t]);
+        }
+      }
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.w->rows + r0 + r] = hsum8(acc[t]);
+    }
+  }
+};
+
+#else
+
 template <class Q>
 struct QuantKernel {
   template <int R, int T>
@@ -315,6 +405,7 @@ struct QuantKernel {
   }
 };
 
+#endif  // AVX2
 #undef KVSERVE_NO_VECTORIZE
 #endif
 

@@ -18,6 +18,8 @@ struct F32Traits {
   static float to(T x) { return x; }
 #if defined(__AVX512F__)
   static __m512 load16(const T* p) { return _mm512_loadu_ps(p); }
+#elif defined(__AVX2__)
+  static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
 #endif
 };
 
@@ -29,6 +31,8 @@ struct F16Traits {
   static __m512 load16(const T* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+#elif defined(__AVX2__) && defined(__F16C__)
+  static __m256 load8(const T* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 };
 
@@ -40,6 +44,11 @@ struct BF16Traits {
   static __m512 load16(const T* p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+#elif defined(__AVX2__)
+  static __m256 load8(const T* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
 #endif
 };
@@ -54,6 +63,14 @@ float dot_row(const float* q, const typename Tr::T* k, int n) {
     for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), Tr::load16(k + d), acc);
     sum = _mm512_reduce_add_ps(acc);
   }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (n >= 8) {  // AVX2 machines: 8 lanes
+    __m256 acc = _mm256_setzero_ps();
+    for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), Tr::load8(k + d), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  }
 #endif
   for (; d < n; ++d) sum += q[d] * Tr::to(k[d]);
   return sum;
@@ -66,6 +83,10 @@ void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
   const __m512 wv = _mm512_set1_ps(w);
   for (; d + 16 <= n; d += 16)
     _mm512_storeu_ps(out + d, _mm512_fmadd_ps(wv, Tr::load16(v + d), _mm512_loadu_ps(out + d)));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  const __m256 wv = _mm256_set1_ps(w);
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, Tr::load8(v + d), _mm256_loadu_ps(out + d)));
 #endif
   for (; d < n; ++d) out[d] += w * Tr::to(v[d]);
 }
