@@ -177,6 +177,15 @@ float dot(const float* a, const float* b, int64_t n) {
     acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  float sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 #else
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
@@ -199,7 +208,12 @@ void axpy(float a, const float* x, float* y, int64_t n) {
     _mm512_mask_storeu_ps(y + i, m, r);
   }
 #else
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 va = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += a * x[i];
 #endif
 }
 

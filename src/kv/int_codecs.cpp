@@ -489,6 +489,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {
     const uint8_t* row = code_row(block, slot, kv_head);
     const int hd = shape_.head_dim, first = kv_head * hd;
+    if (head_major_) {  // the head's groups lie within it: one (scale, min) per group_ codes
+      for (int g = 0; g < head_groups_; ++g) {
+        const fp16_t* meta = pair(block, slot, first / group_ + g);
+        const float scale = fp16_to_fp32(meta[0]), min = fp16_to_fp32(meta[1]);
+        for (int d = g * group_; d < (g + 1) * group_; ++d) out[d] = min + scale * float(get_code<B>(row, d));
+      }
+      return;
+    }
     for (int d = 0; d < hd; ++d) {
       const int e = first + d;
       const fp16_t* meta = pair(block, slot, e / group_);
@@ -888,6 +896,10 @@ class ChannelCodec final : public KvCodec {
     }
 #endif
     const int hd = shape_.head_dim, first = kv_head * hd;
+    if (channel_major_) {
+      score_channels(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
     float* s = scratch(4 * size_t(hd));
     float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
     for (int tg = 0; tg * group_ < n; ++tg) {
@@ -901,6 +913,42 @@ class ChannelCodec final : public KvCodec {
           unpack(block, t, kv_head, codes);
           scores[i * stride + t] = scale * (dot(qs, codes, hd) + bias);
         }
+      }
+    }
+  }
+
+  // Channel-major without the integer kernels: tokens run innermost, so each
+  // channel's byte row is read in order and the sums over channels are
+  // per-token vectors (8 tokens per AVX2 step) instead of horizontal sums.
+  void score_channels(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                      float* scores, int stride) const {
+    const int hd = shape_.head_dim, first = kv_head * hd, bs = shape_.block_size;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    float* s = scratch(2 * size_t(hd) + size_t(group_));
+    float *sc = s, *mn = s + hd, *acc = s + 2 * hd;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, first, hd, sc, mn);
+      const int t0 = tg * group_, nt = std::min(n, t0 + group_) - t0;
+      for (int i = 0; i < n_q; ++i) {
+        const float* qi = q + size_t(i) * hd;
+        std::fill(acc, acc + nt, dot(qi, mn, hd));
+        for (int c = 0; c < hd; ++c) {
+          const uint8_t* row = head + size_t(c / (8 / B)) * bs + t0;
+          const int shift = (c % (8 / B)) * B;
+          const float qc = qi[c] * sc[c];
+          int t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+          const __m256 qv = _mm256_set1_ps(qc);
+          const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+          for (; t + 8 <= nt; t += 8) {
+            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + t));
+            const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes), shift), mask);
+            _mm256_storeu_ps(acc + t, _mm256_fmadd_ps(qv, _mm256_cvtepi32_ps(codes), _mm256_loadu_ps(acc + t)));
+          }
+#endif
+          for (; t < nt; ++t) acc[t] += qc * float((row[t] >> shift) & ((1 << B) - 1));
+        }
+        for (int t = 0; t < nt; ++t) scores[size_t(i) * stride + t0 + t] = scale * acc[t];
       }
     }
   }
