@@ -493,7 +493,29 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       for (int g = 0; g < head_groups_; ++g) {
         const fp16_t* meta = pair(block, slot, first / group_ + g);
         const float scale = fp16_to_fp32(meta[0]), min = fp16_to_fp32(meta[1]);
-        for (int d = g * group_; d < (g + 1) * group_; ++d) out[d] = min + scale * float(get_code<B>(row, d));
+        int d = g * group_;
+#if defined(__AVX2__) && defined(__FMA__)
+        // 8 bytes at a time: 8 codes (B = 8) or 16 (B = 4: low nibbles are
+        // the even elements, high nibbles the odd ones, interleaved back).
+        if constexpr (B == 8 || B == 4) {
+          const __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(min);
+          constexpr int kStep = 64 / B;
+          for (; d + kStep <= (g + 1) * group_ && (d * B) % 8 == 0; d += kStep) {
+            const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d * B / 8)));
+            if constexpr (B == 8) {
+              _mm256_storeu_ps(out + d, _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), sv, mv));
+            } else {
+              const __m256i nib = _mm256_set1_epi32(15);
+              const __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, nib)), sv, mv);
+              const __m256 odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), sv, mv);
+              const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+              _mm256_storeu_ps(out + d, _mm256_permute2f128_ps(lo, hi, 0x20));
+              _mm256_storeu_ps(out + d + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+            }
+          }
+        }
+#endif
+        for (; d < (g + 1) * group_; ++d) out[d] = min + scale * float(get_code<B>(row, d));
       }
       return;
     }
@@ -922,6 +944,12 @@ class ChannelCodec final : public KvCodec {
   // per-token vectors (8 tokens per AVX2 step) instead of horizontal sums.
   void score_channels(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                       float* scores, int stride) const {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (shape_.head_dim % 8 == 0) {
+      score_channel_pairs(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
     const int hd = shape_.head_dim, first = kv_head * hd, bs = shape_.block_size;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     float* s = scratch(2 * size_t(hd) + size_t(group_));
@@ -952,6 +980,105 @@ class ChannelCodec final : public KvCodec {
       }
     }
   }
+
+#if defined(__AVX2__) && defined(__FMA__)
+  // AVX2 version of score_channel_major: 8 tokens per vector, the folded
+  // query as 16-bit pairs against the codes' pairs (vpmaddwd).
+  static __m256i load_pairs8(const uint8_t* head, int bs, int r, int t0, int nt) {
+    const uint8_t* p = head + size_t(r) * bs + t0;
+    __m128i bytes;
+    if (t0 + 8 <= bs) {
+      bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    } else {
+      uint8_t tmp[8] = {};
+      std::memcpy(tmp, p, size_t(nt));
+      bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tmp));
+    }
+    return _mm256_cvtepu8_epi32(bytes);
+  }
+  template <int NQ>
+  static void score_tile8(const uint8_t* head, int bs, int pairs, int t0, int nt, const int32_t* q16,
+                          const float* step, const float* bias, float scale, float* scores, int stride) {
+    __m256i acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
+    auto add = [&](__m256i x, int p) {
+      for (int i = 0; i < NQ; ++i)
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
+    };
+    for (int p = 0; p < pairs; p += B == 2 ? 2 : 1) {
+      if constexpr (B == 8) {
+        add(_mm256_or_si256(load_pairs8(head, bs, 2 * p, t0, nt),
+                            _mm256_slli_epi32(load_pairs8(head, bs, 2 * p + 1, t0, nt), 16)), p);
+      } else if constexpr (B == 4) {
+        const __m256i b = load_pairs8(head, bs, p, t0, nt);
+        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 12)), _mm256_set1_epi32(0x000F000F)), p);
+      } else {
+        const __m256i b = load_pairs8(head, bs, p / 2, t0, nt), m = _mm256_set1_epi32(0x00030003);
+        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 14)), m), p);
+        add(_mm256_and_si256(_mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(b, 10)), m), p + 1);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
+                                                                               _mm256_set1_ps(step[i]),
+                                                                               _mm256_set1_ps(bias[i]))));
+      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
+    }
+  }
+  void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                           float* scores, int stride) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd)));
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> qbuf;
+    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
+    if (qbuf.size() < size_t(n_q * pairs)) qbuf.resize(size_t(n_q * pairs));
+    float *sc = fbuf.data(), *mn = sc + hd, *step = mn + hd, *bias = step + n_q;
+    int16_t* q16 = reinterpret_cast<int16_t*>(qbuf.data());
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, kv_head * hd, hd, sc, mn);
+      for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
+        const float* qi = q + size_t(i) * hd;
+        __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+          const __m256 x = _mm256_loadu_ps(qi + d);
+          top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
+          b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        bias[i] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        step[i] = mx / qmax;
+        const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);
+        for (int d = 0; d < hd; d += 8) {
+          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(sc + d)), inv));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q16 + size_t(i) * hd + d),
+                           _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+        }
+      }
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 8) {
+        const int nt = std::min(8, t1 - t0);
+        for (int i = 0; i < n_q; i += 4) {
+          const int32_t* qi = qbuf.data() + size_t(i) * pairs;
+          float* si = scores + size_t(i) * stride;
+          switch (std::min(4, n_q - i)) {
+            case 1: score_tile8<1>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
+            case 2: score_tile8<2>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
+            case 3: score_tile8<3>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
+            default: score_tile8<4>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
+          }
+        }
+      }
+    }
+  }
+#endif
 
   // Pre-RoPE keys: a query per token, so the scaled query is per token too.
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
