@@ -62,6 +62,10 @@ struct MatmulArgs {
 #endif
 #endif
 
+// One weight of a float row, as a float.
+[[maybe_unused]] inline float weight_at(const float* p, int64_t k) { return p[k]; }
+[[maybe_unused]] inline float weight_at(const fp16_t* p, int64_t k) { return fp16_to_fp32(p[k]); }
+
 #if defined(__AVX2__)
 [[maybe_unused]] inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -139,8 +143,6 @@ template <class W>
 struct FloatKernel {
   static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
   static __m256 load8(const fp16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static float weight(const float* p, int64_t k) { return p[k]; }
-  static float weight(const fp16_t* p, int64_t k) { return fp16_to_fp32(p[k]); }
 
   template <int R, int T>
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
@@ -159,7 +161,7 @@ struct FloatKernel {
       KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
         float sum = hsum8(acc[t]);
-        for (int64_t j = k; j < cols; ++j) sum += weight(wr, j) * a.x[(t0 + t) * cols + j];
+        for (int64_t j = k; j < cols; ++j) sum += weight_at(wr, j) * a.x[(t0 + t) * cols + j];
         a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
       }
     }
@@ -170,8 +172,6 @@ struct FloatKernel {
 
 template <class W>
 struct FloatKernel {
-  static float weight(const float* p, int64_t k) { return p[k]; }
-  static float weight(const fp16_t* p, int64_t k) { return fp16_to_fp32(p[k]); }
 
   template <int R, int T>
   static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
@@ -181,7 +181,7 @@ struct FloatKernel {
       for (int t = 0; t < T; ++t) {
         const float* xt = a.x + (t0 + t) * cols;
         float sum = 0.0f;
-        for (int64_t k = 0; k < cols; ++k) sum += weight(wr, k) * xt[k];
+        for (int64_t k = 0; k < cols; ++k) sum += weight_at(wr, k) * xt[k];
         a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
       }
     }

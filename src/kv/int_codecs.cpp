@@ -16,6 +16,19 @@
 namespace kvserve {
 namespace {
 
+// Runs f(std::integral_constant<int, m>{}, i) over groups [i, i + m) of at
+// most 4 of n_q queries: kernels templated on the group size keep their
+// per-query accumulators in registers.
+template <class F>
+void by_query_groups(int n_q, F&& f) {
+  for (int i = 0; i < n_q; i += 4) switch (std::min(4, n_q - i)) {
+      case 1: f(std::integral_constant<int, 1>{}, i); break;
+      case 2: f(std::integral_constant<int, 2>{}, i); break;
+      case 3: f(std::integral_constant<int, 3>{}, i); break;
+      default: f(std::integral_constant<int, 4>{}, i); break;
+    }
+}
+
 // Codes of B bits packed little-endian within each byte: code i of a row sits
 // in byte i * B / 8 at bit (i * B) % 8.
 template <int B>
@@ -553,22 +566,12 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
     float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
     int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
-    for (int i = 0; i < n_q; i += 4) {
-      const float* wi = weights + size_t(i) * stride;
-      int16_t* ui = u16 + size_t(i) * n2;
-      const int32_t* pairs = ubuf.data() + size_t(i) * n2 / 2;
-      float* oi = out + size_t(i) * hd;
-      auto run = [&](auto nq) {
-        fold_weights<nq.value>(wi, stride, meta, n, n2, ns, qmax, u, step + i, bias + i, ui);
-        accumulate_pairs<nq.value>(codes, pairs, n2 / 2, n, step + i, bias + i, oi);
-      };
-      switch (std::min(4, n_q - i)) {
-        case 1: run(std::integral_constant<int, 1>{}); break;
-        case 2: run(std::integral_constant<int, 2>{}); break;
-        case 3: run(std::integral_constant<int, 3>{}); break;
-        default: run(std::integral_constant<int, 4>{}); break;
-      }
-    }
+    by_query_groups(n_q, [&](auto nq, int i) {
+      fold_weights<nq.value>(weights + size_t(i) * stride, stride, meta, n, n2, ns, qmax, u, step + i, bias + i,
+                             u16 + size_t(i) * n2);
+      accumulate_pairs<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, step + i, bias + i,
+                                 out + size_t(i) * hd);
+    });
     return true;
   }
 #endif
@@ -939,6 +942,26 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
+  // The largest folded-query magnitude (16-bit, and small enough that int32
+  // sums of head_dim products with codes cannot overflow).
+  static float fold_qmax(int hd) { return float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd))); }
+  // Per-thread scratch of the folding score kernels: the head's scales and
+  // mins, each query's step and bias, the folded queries (n_q, hd) as int16
+  // and the same bytes read as (n_q, hd / 2) channel pairs.
+  struct FoldScratch {
+    float *sc, *mn, *step, *bias;
+    int16_t* q16;
+    const int32_t* pairs;
+  };
+  static FoldScratch fold_scratch(int hd, int n_q) {
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> qbuf;
+    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
+    if (qbuf.size() < size_t(n_q * hd / 2)) qbuf.resize(size_t(n_q * hd / 2));
+    float* sc = fbuf.data();
+    return {sc, sc + hd, sc + 2 * hd, sc + 2 * hd + n_q, reinterpret_cast<int16_t*>(qbuf.data()), qbuf.data()};
+  }
+
   // Channel-major without the integer kernels: tokens run innermost, so each
   // channel's byte row is read in order and the sums over channels are
   // per-token vectors (8 tokens per AVX2 step) instead of horizontal sums.
@@ -1030,13 +1053,10 @@ class ChannelCodec final : public KvCodec {
                            float* scores, int stride) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
-    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd)));
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int32_t> qbuf;
-    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
-    if (qbuf.size() < size_t(n_q * pairs)) qbuf.resize(size_t(n_q * pairs));
-    float *sc = fbuf.data(), *mn = sc + hd, *step = mn + hd, *bias = step + n_q;
-    int16_t* q16 = reinterpret_cast<int16_t*>(qbuf.data());
+    const float qmax = fold_qmax(hd);
+    const FoldScratch f = fold_scratch(hd, n_q);
+    float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+    int16_t* q16 = f.q16;
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int tg = 0; tg * group_ < n; ++tg) {
       load_affine(block, tg, kv_head * hd, hd, sc, mn);
@@ -1065,16 +1085,10 @@ class ChannelCodec final : public KvCodec {
       const int t1 = std::min(n, (tg + 1) * group_);
       for (int t0 = tg * group_; t0 < t1; t0 += 8) {
         const int nt = std::min(8, t1 - t0);
-        for (int i = 0; i < n_q; i += 4) {
-          const int32_t* qi = qbuf.data() + size_t(i) * pairs;
-          float* si = scores + size_t(i) * stride;
-          switch (std::min(4, n_q - i)) {
-            case 1: score_tile8<1>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
-            case 2: score_tile8<2>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
-            case 3: score_tile8<3>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
-            default: score_tile8<4>(head, bs, pairs, t0, nt, qi, step + i, bias + i, scale, si, stride); break;
-          }
-        }
+        by_query_groups(n_q, [&](auto nq, int i) {
+          score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                                scores + size_t(i) * stride, stride);
+        });
       }
     }
   }
@@ -1256,38 +1270,22 @@ class ChannelCodec final : public KvCodec {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
-    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd)));
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int32_t> qbuf;
-    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
-    if (qbuf.size() < size_t(n_q * pairs)) qbuf.resize(size_t(n_q * pairs));
-    float *sc = fbuf.data(), *mn = sc + hd, *step = mn + hd, *bias = step + n_q;
-    int16_t* q16 = reinterpret_cast<int16_t*>(qbuf.data());
+    const float qmax = fold_qmax(hd);
+    const FoldScratch f = fold_scratch(hd, n_q);
+    float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+    int16_t* q16 = f.q16;
     for (int tg = 0; tg * group_ < n; ++tg) {
       head_affine(block, tg, kv_head, sc, mn);
-      for (int i = 0; i < n_q; i += 4) {
-        const float* qi = q + size_t(i) * hd;
-        int16_t* oi = q16 + size_t(i) * hd;
-        switch (std::min(4, n_q - i)) {
-          case 1: fold_queries<1>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
-          case 2: fold_queries<2>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
-          case 3: fold_queries<3>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
-          default: fold_queries<4>(qi, hd, sc, mn, qmax, step + i, bias + i, oi); break;
-        }
-      }
+      by_query_groups(n_q, [&](auto nq, int i) {
+        fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, q16 + size_t(i) * hd);
+      });
       const int t1 = std::min(n, (tg + 1) * group_);
       for (int t0 = tg * group_; t0 < t1; t0 += 16) {
         const __mmask16 m = lanes(t1 - t0);
-        for (int i = 0; i < n_q; i += 4) {
-          const int32_t* qi = qbuf.data() + size_t(i) * pairs;
-          float* si = scores + size_t(i) * stride;
-          switch (std::min(4, n_q - i)) {
-            case 1: score_tile<1>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
-            case 2: score_tile<2>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
-            case 3: score_tile<3>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
-            default: score_tile<4>(head, bs, pairs, t0, m, qi, step + i, bias + i, scale, si, stride); break;
-          }
-        }
+        by_query_groups(n_q, [&](auto nq, int i) {
+          score_tile<nq.value>(head, bs, pairs, t0, m, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                               scores + size_t(i) * stride, stride);
+        });
       }
     }
   }
