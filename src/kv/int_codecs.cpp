@@ -16,6 +16,13 @@
 namespace kvserve {
 namespace {
 
+// The largest magnitude a 16-bit folded operand may take when int32 sums of
+// `terms` products with B-bit codes must not overflow.
+template <int B>
+float folded_qmax(int terms) {
+  return float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * terms)));
+}
+
 // Runs f(std::integral_constant<int, m>{}, i) over groups [i, i + m) of at
 // most 4 of n_q queries: kernels templated on the group size keep their
 // per-query accumulators in registers.
@@ -467,6 +474,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         lane_group_.push_back((c * Order::kCodes + j * Order::kVecs + k) / group_);
       }
 #endif
+#if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
+    pairs_ready_ = head_major_ && group_ == s.head_dim && B >= 4 && s.head_dim % 16 == 0;
+#endif
   }
 
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
@@ -541,8 +551,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 
 #if defined(__AVX512F__)
   bool simd_ready() const { return simd_; }
+#endif
 
-#if defined(__AVX512BW__)
+#if defined(__AVX512BW__) || (defined(__AVX2__) && defined(__FMA__))
   // Values with one group per head (head-major, 8- or 4-bit codes):
   //   out_i += sum_t w_it (min_t + scale_t code_t)
   //          = sum_t w_it min_t + sum_t u_it code_t,  u_it = w_it scale_t,
@@ -551,14 +562,17 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   // integer dot products: no float dequantization, two tokens per
   // instruction. The interleave permutes channels within 128-bit lanes; that
   // is undone once per call.
+  // AVX2 machines run the same with 8 lanes, 16 channels per unit (16 bytes
+  // of 8-bit codes, 8 of 4-bit) and vpmaddwd.
   bool integer_accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                           float* out) const {
     if (!pairs_ready_ || n <= 0) return false;
-    const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;
-    const uint8_t* codes = block + size_t(kv_head) * head_bytes_;
+    const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
+    const uint8_t* codes = head_codes(block, kv_head);
     const uint8_t* meta = codes + size_t(shape_.block_size) * head_code_bytes_;
+#if defined(__AVX512BW__)
     simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
-    const float qmax = float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * n2)));
+    const float qmax = folded_qmax<B>(n2);
     const int ns = (n2 + 15) / 16 * 16;  // floats of u per query
     thread_local std::vector<float> fbuf;
     thread_local std::vector<int32_t> ubuf;
@@ -572,10 +586,72 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       accumulate_pairs<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, step + i, bias + i,
                                  out + size_t(i) * hd);
     });
+#else
+    const float qmax = folded_qmax<B>(n2);
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> ubuf;
+    if (fbuf.size() < size_t(2 * n2 + 2 * n_q)) fbuf.resize(size_t(2 * n2 + 2 * n_q));
+    if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
+    float *sc = fbuf.data(), *mn = sc + n2, *step = mn + n2, *bias = step + n_q;
+    int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
+    for (int t = 0; t < n2; ++t) {  // the tokens' (scale, min); a padding token weighs nothing
+      const fp16_t* m = reinterpret_cast<const fp16_t*>(meta + size_t(t) * 4);
+      sc[t] = t < n ? fp16_to_fp32(m[0]) : 0.0f;
+      mn[t] = t < n ? fp16_to_fp32(m[1]) : 0.0f;
+    }
+    for (int i = 0; i < n_q; ++i) {
+      const float* w = weights + size_t(i) * stride;
+      float top = 0, b = 0;
+      for (int t = 0; t < n; ++t) top = std::max(top, w[t] * sc[t]), b += w[t] * mn[t];
+      step[i] = top / qmax;
+      bias[i] = b;
+      const float inv = top > 0 ? qmax / top : 0.0f;
+      for (int t = 0; t < n2; ++t) u16[size_t(i) * n2 + t] = int16_t(t < n ? std::lrint(w[t] * sc[t] * inv) : 0);
+    }
+    for (int unit = 0; unit < hd; unit += 16)
+      by_query_groups(n_q, [&](auto nq, int i) {
+        accumulate_pairs8<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, unit, step + i, bias + i,
+                                    out + size_t(i) * hd);
+      });
+#endif
     return true;
   }
 #endif
+#if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
+  // Channels [c0, c0 + 16) of token t as 16-bit words in natural order.
+  __m256i words16(const uint8_t* codes, int t, int c0) const {
+    const uint8_t* p = codes + size_t(t) * head_code_bytes_ + size_t(c0) * B / 8;
+    if constexpr (B == 8) return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), nib = _mm_set1_epi8(0x0F);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib)));
+  }
+  template <int NQ>
+  void accumulate_pairs8(const uint8_t* codes, const int32_t* u, int upairs, int n, int c0, const float* step,
+                         const float* bias, float* out) const {
+    __m256i acc[NQ][2];
+    for (int i = 0; i < NQ; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int t = 0; t < n; t += 2) {
+      const __m256i a = words16(codes, t, c0), b = t + 1 < n ? words16(codes, t + 1, c0) : _mm256_setzero_si256();
+      // Lane 4L + j of unpacklo holds word 8L + j, of unpackhi word 8L + 4 + j.
+      const __m256i p0 = _mm256_unpacklo_epi16(a, b), p1 = _mm256_unpackhi_epi16(a, b);
+      for (int i = 0; i < NQ; ++i) {
+        const __m256i ut = _mm256_set1_epi32(u[size_t(i) * upairs + t / 2]);
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ut));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ut));
+      }
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int h = 0; h < 2; ++h) {  // channels c0 + 8h .. c0 + 8h + 7
+        const __m256i v = _mm256_permute2x128_si256(acc[i][0], acc[i][1], h == 0 ? 0x20 : 0x31);
+        float* o = out + size_t(i) * shape_.head_dim + c0 + 8 * h;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
+                                                                                _mm256_set1_ps(step[i]),
+                                                                                _mm256_set1_ps(bias[i]))));
+      }
+  }
+#endif
 
+#if defined(__AVX512F__)
   // One (scale, min) for the whole head slice (groups of head_dim or more).
   struct HeadSource {
     using Order = simd::Lanes<B>;
@@ -661,6 +737,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     return block + size_t(slot) * token_bytes_;
   }
   int index(int e) const { return head_major_ ? e % shape_.head_dim : e; }
+  // Head-major: the first byte of KV head kv_head's codes (its pairs follow them).
+  const uint8_t* head_codes(const uint8_t* block, int kv_head) const { return block + size_t(kv_head) * head_bytes_; }
   // The (scale, min) pair of group g of the row of token slot.
   template <class P>
   auto* pair(P* block, int slot, int g) const {
@@ -942,9 +1020,6 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
-  // The largest folded-query magnitude (16-bit, and small enough that int32
-  // sums of head_dim products with codes cannot overflow).
-  static float fold_qmax(int hd) { return float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * hd))); }
   // Per-thread scratch of the folding score kernels: the head's scales and
   // mins, each query's step and bias, the folded queries (n_q, hd) as int16
   // and the same bytes read as (n_q, hd / 2) channel pairs.
@@ -1053,7 +1128,7 @@ class ChannelCodec final : public KvCodec {
                            float* scores, int stride) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
-    const float qmax = fold_qmax(hd);
+    const float qmax = folded_qmax<B>(hd);
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
     int16_t* q16 = f.q16;
@@ -1270,7 +1345,7 @@ class ChannelCodec final : public KvCodec {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
-    const float qmax = fold_qmax(hd);
+    const float qmax = folded_qmax<B>(hd);
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
     int16_t* q16 = f.q16;
