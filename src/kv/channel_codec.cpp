@@ -1,0 +1,708 @@
+// Channel-grouped integer codes (KIVI keys) and static per-channel scales.
+#include "kv/channel_codec.h"
+
+#include "kv/int_codec_kernels.h"
+
+namespace kvserve {
+namespace int_codec {
+
+// Channel groups (KIVI keys) and static per-channel scales. Dynamic: per
+// group of group_size tokens an fp16 (scale, min) pair per channel, fitted
+// over those tokens. Static: codes only; the fixed per-channel ranges live in
+// the codec. Head-major when a head's codes fill whole bytes: per KV head,
+// codes then pairs (token group, head_dim). Otherwise codes (block_size,
+// kv_dim) rows, then pairs (token group, kv_dim).
+//
+// A head's codes are channel-major for dynamic post-RoPE groups: byte
+// (c / (8 / B), t) holds channels c .. c + 8 / B - 1 of token t, so one byte
+// row covers every token of the block for those channels. Scoring then runs
+// with tokens in SIMD lanes: the group's scale folds into the query once, and
+// the codes meet it as 16-bit integers in pairwise dot products (no float
+// dequantization, no per-token horizontal sums). Static scales and pre-RoPE
+// keys (a query per token) keep token rows (block_size, head_dim).
+template <int B>
+class ChannelCodec final : public KvCodec {
+ public:
+  ChannelCodec(const KvCodecConfig& c, const KvBlockShape& s)
+      : KvCodec(c, s),
+        static_(c.is_static()),
+        group_(static_ ? s.block_size : c.group_size),
+        code_bytes_(size_t(s.kv_dim()) * B / 8),
+        head_major_(s.head_dim * B % 8 == 0),
+        channel_major_(head_major_ && !static_ && !c.pre_rope),
+        head_code_bytes_(size_t(s.head_dim) * B / 8),
+        head_bytes_(size_t(s.block_size) * head_code_bytes_ +
+                    (static_ ? 0 : size_t(s.block_size / group_) * size_t(s.head_dim) * 2 * sizeof(fp16_t))) {
+    if (static_) {
+      for (int d = 0; d < s.kv_dim(); ++d) {
+        const Affine a = fit_affine<B>(c.static_min[size_t(d)], std::max(c.static_max[size_t(d)], c.static_min[size_t(d)]));
+        static_scale_.push_back(a.scale);
+        static_min_.push_back(a.min);
+        static_max_.push_back(std::max(c.static_max[size_t(d)], a.min));
+      }
+    }
+#if defined(__AVX512F__)
+    using Order = simd::Lanes<B>;
+    simd_ = s.head_dim % Order::kCodes == 0;
+    if (simd_ && static_) {
+      // Head slices start on chunk boundaries, so the row in lane order is
+      // every head's slice in lane order.
+      static_scale_lanes_.resize(size_t(s.kv_dim()));
+      static_min_lanes_.resize(size_t(s.kv_dim()));
+      for (int d = 0; d < s.kv_dim(); d += Order::kCodes) {
+        Order::to_lanes(static_scale_.data() + d, static_scale_lanes_.data() + d);
+        Order::to_lanes(static_min_.data() + d, static_min_lanes_.data() + d);
+      }
+    }
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
+#endif
+  }
+
+  size_t block_bytes() const override {
+    const size_t meta = static_ ? 0 : size_t(shape_.block_size / group_) * size_t(shape_.kv_dim()) * 2 * sizeof(fp16_t);
+    return size_t(shape_.block_size) * code_bytes_ + meta;
+  }
+  bool encodes_tokens() const override { return static_; }
+
+  void encode_token(uint8_t* block, int slot, const float* x) const override {
+    // Static scales only: values are clamped into the calibrated range.
+    if (head_major_)
+      for (int h = 0; h < shape_.n_kv_heads; ++h) std::memset(code_row(block, slot, h), 0, head_code_bytes_);
+    else
+      std::memset(code_row(block, slot, 0), 0, code_bytes_);
+    for (int d = 0; d < shape_.kv_dim(); ++d) {
+      const float v = std::clamp(x[d], static_min_[size_t(d)], static_max_[size_t(d)]);
+      set_code<B>(code_row(block, slot, d / shape_.head_dim), index(d),
+                  quantize<B>(v, static_min_[size_t(d)], inverse(static_scale_[size_t(d)])));
+    }
+  }
+
+  void encode_block(uint8_t* block, const float* x, int n) const override {
+    if (static_) {
+      KvCodec::encode_block(block, x, n);
+      return;
+    }
+    const int kv_dim = shape_.kv_dim();
+    std::memset(block, 0, block_bytes());
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
+      for (int d = 0; d < kv_dim; ++d) {
+        float lo = x[size_t(t0) * kv_dim + d], hi = lo;
+        for (int t = t0 + 1; t < t1; ++t) {
+          lo = std::min(lo, x[size_t(t) * kv_dim + d]);
+          hi = std::max(hi, x[size_t(t) * kv_dim + d]);
+        }
+        const Affine a = fit_affine<B>(lo, hi);
+        fp16_t* meta = pair(block, tg, d);
+        meta[0] = a.scale16;
+        meta[1] = a.min16;
+        const float inv = inverse(a.scale);
+        for (int t = t0; t < t1; ++t)
+          put(block, t, d, quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
+      }
+    }
+  }
+
+  // Static scales keep no per-token metadata, so a head's codes move alone.
+  int token_spans(int slot, int kv_head, ByteSpan* out) const override {
+    if (!static_ || !head_major_) return 0;
+    out[0] = {size_t(kv_head) * head_bytes_ + size_t(slot) * head_code_bytes_, head_code_bytes_};
+    return 1;
+  }
+
+  void decode_token(const uint8_t* block, int slot, float* out) const override {
+    const int kv_dim = shape_.kv_dim();
+    std::vector<float> scale(static_cast<size_t>(kv_dim)), min(static_cast<size_t>(kv_dim));
+    load_affine(block, slot / group_, 0, kv_dim, scale.data(), min.data());
+    for (int d = 0; d < kv_dim; ++d)
+      out[d] = min[size_t(d)] +
+               scale[size_t(d)] * float(get(block, slot, d));
+  }
+
+  // q·k_t = sum_d (q_d * scale_d) * code_td + sum_d q_d * min_d: one scaled
+  // query per token group, then integer codes against it.
+  void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
+             int stride) const override {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (channel_major_simd_) {
+      score_channel_major(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
+#if defined(__AVX512F__)
+    if (simd_ && !channel_major_) {
+      simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride);
+      return;
+    }
+#endif
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    if (channel_major_) {
+      score_channels(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+    float* s = scratch(4 * size_t(hd));
+    float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, first, hd, sc, mn);
+      const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
+      for (int i = 0; i < n_q; ++i) {
+        const float* qi = q + i * hd;
+        for (int d = 0; d < hd; ++d) qs[d] = qi[d] * sc[d];
+        const float bias = dot(qi, mn, hd);
+        for (int t = t0; t < t1; ++t) {
+          unpack(block, t, kv_head, codes);
+          scores[i * stride + t] = scale * (dot(qs, codes, hd) + bias);
+        }
+      }
+    }
+  }
+
+  // Per-thread scratch of the folding score kernels: the head's scales and
+  // mins, each query's step and bias, the folded queries (n_q, hd) as int16
+  // and the same bytes read as (n_q, hd / 2) channel pairs.
+  struct FoldScratch {
+    float *sc, *mn, *step, *bias;
+    int16_t* q16;
+    const int32_t* pairs;
+  };
+  static FoldScratch fold_scratch(int hd, int n_q) {
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> qbuf;
+    if (fbuf.size() < size_t(2 * hd + 2 * n_q)) fbuf.resize(size_t(2 * hd + 2 * n_q));
+    if (qbuf.size() < size_t(n_q * hd / 2)) qbuf.resize(size_t(n_q * hd / 2));
+    float* sc = fbuf.data();
+    return {sc, sc + hd, sc + 2 * hd, sc + 2 * hd + n_q, reinterpret_cast<int16_t*>(qbuf.data()), qbuf.data()};
+  }
+
+  // Channel-major without the integer kernels: tokens run innermost, so each
+  // channel's byte row is read in order and the sums over channels are
+  // per-token vectors (8 tokens per AVX2 step) instead of horizontal sums.
+  void score_channels(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                      float* scores, int stride) const {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (shape_.head_dim % 8 == 0) {
+      score_channel_pairs(q, n_q, block, n, kv_head, scale, scores, stride);
+      return;
+    }
+#endif
+    const int hd = shape_.head_dim, first = kv_head * hd, bs = shape_.block_size;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    float* s = scratch(2 * size_t(hd) + size_t(group_));
+    float *sc = s, *mn = s + hd, *acc = s + 2 * hd;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, first, hd, sc, mn);
+      const int t0 = tg * group_, nt = std::min(n, t0 + group_) - t0;
+      for (int i = 0; i < n_q; ++i) {
+        const float* qi = q + size_t(i) * hd;
+        std::fill(acc, acc + nt, dot(qi, mn, hd));
+        for (int c = 0; c < hd; ++c) {
+          const uint8_t* row = head + size_t(c / (8 / B)) * bs + t0;
+          const int shift = (c % (8 / B)) * B;
+          const float qc = qi[c] * sc[c];
+          int t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+          const __m256 qv = _mm256_set1_ps(qc);
+          const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+          for (; t + 8 <= nt; t += 8) {
+            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + t));
+            const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes), shift), mask);
+            _mm256_storeu_ps(acc + t, _mm256_fmadd_ps(qv, _mm256_cvtepi32_ps(codes), _mm256_loadu_ps(acc + t)));
+          }
+#endif
+          for (; t < nt; ++t) acc[t] += qc * float((row[t] >> shift) & ((1 << B) - 1));
+        }
+        for (int t = 0; t < nt; ++t) scores[size_t(i) * stride + t0 + t] = scale * acc[t];
+      }
+    }
+  }
+
+#if defined(__AVX2__) && defined(__FMA__)
+  // AVX2 version of score_channel_major: 8 tokens per vector, the folded
+  // query as 16-bit pairs against the codes' pairs (vpmaddwd).
+  static __m256i load_pairs8(const uint8_t* head, int bs, int r, int t0, int nt) {
+    const uint8_t* p = head + size_t(r) * bs + t0;
+    __m128i bytes;
+    if (t0 + 8 <= bs) {
+      bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    } else {
+      uint8_t tmp[8] = {};
+      std::memcpy(tmp, p, size_t(nt));
+      bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tmp));
+    }
+    return _mm256_cvtepu8_epi32(bytes);
+  }
+  template <int NQ>
+  static void score_tile8(const uint8_t* head, int bs, int pairs, int t0, int nt, const int32_t* q16,
+                          const float* step, const float* bias, float scale, float* scores, int stride) {
+    __m256i acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
+    auto add = [&](__m256i x, int p) {
+      for (int i = 0; i < NQ; ++i)
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
+    };
+    for (int p = 0; p < pairs; p += B == 2 ? 2 : 1) {
+      if constexpr (B == 8) {
+        add(_mm256_or_si256(load_pairs8(head, bs, 2 * p, t0, nt),
+                            _mm256_slli_epi32(load_pairs8(head, bs, 2 * p + 1, t0, nt), 16)), p);
+      } else if constexpr (B == 4) {
+        const __m256i b = load_pairs8(head, bs, p, t0, nt);
+        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 12)), _mm256_set1_epi32(0x000F000F)), p);
+      } else {
+        const __m256i b = load_pairs8(head, bs, p / 2, t0, nt), m = _mm256_set1_epi32(0x00030003);
+        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 14)), m), p);
+        add(_mm256_and_si256(_mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(b, 10)), m), p + 1);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
+                                                                               _mm256_set1_ps(step[i]),
+                                                                               _mm256_set1_ps(bias[i]))));
+      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
+    }
+  }
+  void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                           float* scores, int stride) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    const float qmax = folded_qmax<B>(hd);
+    const FoldScratch f = fold_scratch(hd, n_q);
+    float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+    int16_t* q16 = f.q16;
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, kv_head * hd, hd, sc, mn);
+      for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
+        const float* qi = q + size_t(i) * hd;
+        __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+          const __m256 x = _mm256_loadu_ps(qi + d);
+          top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
+          b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        bias[i] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        step[i] = mx / qmax;
+        const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);
+        for (int d = 0; d < hd; d += 8) {
+          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(sc + d)), inv));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q16 + size_t(i) * hd + d),
+                           _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+        }
+      }
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 8) {
+        const int nt = std::min(8, t1 - t0);
+        by_query_groups(n_q, [&](auto nq, int i) {
+          score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                                scores + size_t(i) * stride, stride);
+        });
+      }
+    }
+  }
+#endif
+
+  // Pre-RoPE keys: a query per token, so the scaled query is per token too.
+  void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                    float* scores, int stride) const override {
+#if defined(__AVX512F__)
+    if (simd_ && !channel_major_) {
+      simd::score(source(block, n, kv_head), q, n_q, true, n, scale, scores, stride);
+      return;
+    }
+#endif
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    float* s = scratch(4 * size_t(hd));
+    float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, first, hd, sc, mn);
+      for (int t = tg * group_; t < std::min(n, (tg + 1) * group_); ++t) {
+        unpack(block, t, kv_head, codes);
+        for (int i = 0; i < n_q; ++i) {
+          const float* qi = q + (size_t(t) * n_q + i) * hd;
+          for (int d = 0; d < hd; ++d) qs[d] = qi[d] * sc[d];
+          scores[i * stride + t] = scale * (dot(qs, codes, hd) + dot(qi, mn, hd));
+        }
+      }
+    }
+  }
+
+  // out_d += scale_d * sum_t w_t code_td + min_d * sum_t w_t, per token group.
+  void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                  float* out) const override {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (channel_major_simd_) {
+      accumulate_channel_major(weights, n_q, stride, block, n, kv_head, out);
+      return;
+    }
+#endif
+#if defined(__AVX512F__)
+    if (simd_ && !channel_major_) {
+      simd::accumulate(source(block, n, kv_head), weights, n_q, stride, n, out);
+      return;
+    }
+#endif
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    float* s = scratch(3 * size_t(hd) + size_t(n_q) * hd);
+    float *sc = s, *mn = s + hd, *codes = s + 2 * hd, *acc = s + 3 * hd;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, first, hd, sc, mn);
+      const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
+      std::fill(acc, acc + size_t(n_q) * hd, 0.0f);
+      std::vector<float> wsum(static_cast<size_t>(n_q), 0.0f);
+      for (int t = t0; t < t1; ++t) {
+        unpack(block, t, kv_head, codes);
+        for (int i = 0; i < n_q; ++i) {
+          const float w = weights[i * stride + t];
+          wsum[size_t(i)] += w;
+          axpy(w, codes, acc + i * hd, hd);
+        }
+      }
+      for (int i = 0; i < n_q; ++i)
+        for (int d = 0; d < hd; ++d) out[i * hd + d] += sc[d] * acc[i * hd + d] + mn[d] * wsum[size_t(i)];
+    }
+  }
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  // Channel-major kernels. A "pair vector" holds, for 16 tokens (lanes), the
+  // codes of channels 2p and 2p + 1 as two 16-bit integers.
+  // Pair vectors p .. p + kPairsPerLoad - 1 of tokens [t0, t0 + 16) (lanes of
+  // mask m; the others are zero).
+  static constexpr int kPairsPerLoad = B == 2 ? 2 : 1;
+  static void load_pairs(const uint8_t* head, int bs, int p, int t0, __mmask16 m, __m512i* x) {
+    auto row = [&](int r) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, head + size_t(r) * bs + t0)); };
+    // (a | b) & c as one ternary-logic instruction.
+    auto or_and = [](__m512i a, __m512i b, int c) { return _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(c), 0xA8); };
+    if constexpr (B == 8) {
+      x[0] = _mm512_or_si512(row(2 * p), _mm512_slli_epi32(row(2 * p + 1), 16));
+    } else if constexpr (B == 4) {  // byte p: channel 2p low nibble, 2p + 1 high nibble
+      const __m512i b = row(p);
+      x[0] = or_and(b, _mm512_slli_epi32(b, 12), 0x000F000F);
+    } else {  // byte p / 2: channels 2p .. 2p + 3 in bit pairs
+      const __m512i b = row(p / 2);
+      x[0] = or_and(b, _mm512_slli_epi32(b, 14), 0x00030003);
+      x[1] = or_and(_mm512_srli_epi32(b, 4), _mm512_slli_epi32(b, 10), 0x00030003);
+    }
+  }
+  static __mmask16 lanes(int count) { return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1); }
+  // The (scale, min) of the head's channels for token group tg, as floats.
+  void head_affine(const uint8_t* block, int tg, int kv_head, float* scale, float* min) const {
+    const int hd = shape_.head_dim;
+    const fp16_t* meta = pair(block, tg, kv_head * hd);
+    for (int d = 0; d < hd; d += 16) {
+      __m512 sc, mn;
+      simd::split_pairs(_mm512_maskz_loadu_epi32(lanes(hd - d), meta + 2 * d), sc, mn);
+      _mm512_mask_storeu_ps(scale + d, lanes(hd - d), sc);
+      _mm512_mask_storeu_ps(min + d, lanes(hd - d), mn);
+    }
+  }
+
+  // NQ queries (NQ, hd) folded with the channel scales: q16 = round(q_c
+  // scale_c / step), step = max_c |q_c scale_c| / qmax, and bias = sum_c q_c
+  // min_c. The queries go side by side so that their reductions overlap.
+  template <int NQ>
+  static void fold_queries(const float* q, int hd, const float* sc, const float* mn, float qmax, float* step,
+                           float* bias, int16_t* q16) {
+    __m512 amax[NQ], b[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) amax[i] = b[i] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lanes(hd - d);
+      const __m512 s = _mm512_maskz_loadu_ps(m, sc + d), mi = _mm512_maskz_loadu_ps(m, mn + d);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 x = _mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d);
+        amax[i] = _mm512_max_ps(amax[i], _mm512_abs_ps(_mm512_mul_ps(x, s)));
+        b[i] = _mm512_fmadd_ps(x, mi, b[i]);
+      }
+    }
+    alignas(16) float invs[4];
+    simd::fold_steps(amax, b, NQ, qmax, step, bias, invs);
+    __m512 inv[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]);
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lanes(hd - d);
+      const __m512 s = _mm512_maskz_loadu_ps(m, sc + d);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d), s);
+        _mm256_mask_storeu_epi16(q16 + size_t(i) * hd + d, m,
+                                 _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv[i]))));
+      }
+    }
+  }
+
+  // Scores of NQ queries against tokens [t0, t0 + 16) (lanes of m): q16 is
+  // (NQ, head_dim) int16, read as (NQ, head_dim / 2) channel pairs;
+  // score = scale * (step * dot + bias) per query.
+  template <int NQ>
+  static void score_tile(const uint8_t* head, int bs, int pairs, int t0, __mmask16 m, const int32_t* q16,
+                         const float* step, const float* bias, float scale, float* scores, int stride) {
+    // Two sums per query (even and odd pairs): the dot products' latency, not
+    // their throughput, would bound a single chain.
+    __m512i acc[2][NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) acc[0][i] = acc[1][i] = _mm512_setzero_si512();
+    int p = 0;
+    for (; p + 2 <= pairs; p += 2) {
+      __m512i x[2];
+      load_pairs(head, bs, p, t0, m, x);
+      if constexpr (kPairsPerLoad == 1) load_pairs(head, bs, p + 1, t0, m, x + 1);
+      #pragma GCC unroll 8
+      for (int k = 0; k < 2; ++k)
+        #pragma GCC unroll 8
+        for (int i = 0; i < NQ; ++i) acc[k][i] = kvserve::simd::dot_pairs(acc[k][i], x[k], _mm512_set1_epi32(q16[i * pairs + p + k]));
+    }
+    if (p < pairs) {  // an odd pair count (B = 8 or 4)
+      __m512i x[kPairsPerLoad];
+      load_pairs(head, bs, p, t0, m, x);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) acc[0][i] = kvserve::simd::dot_pairs(acc[0][i], x[0], _mm512_set1_epi32(q16[i * pairs + p]));
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0][i], acc[1][i]));
+      const __m512 dot = _mm512_fmadd_ps(sum, _mm512_set1_ps(step[i]), _mm512_set1_ps(bias[i]));
+      _mm512_mask_storeu_ps(scores + size_t(i) * stride + t0, m, _mm512_mul_ps(_mm512_set1_ps(scale), dot));
+    }
+  }
+
+  // q·k_t = sum_c (q_c scale_c) code_tc + sum_c q_c min_c. The folded query is
+  // rounded to 16 bits with one step per (query, token group): at most
+  // 32767 steps across its largest channel, fewer where int32 sums of
+  // head_dim products could overflow.
+  void score_channel_major(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                           float* scores, int stride) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    const float qmax = folded_qmax<B>(hd);
+    const FoldScratch f = fold_scratch(hd, n_q);
+    float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+    int16_t* q16 = f.q16;
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      head_affine(block, tg, kv_head, sc, mn);
+      by_query_groups(n_q, [&](auto nq, int i) {
+        fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, q16 + size_t(i) * hd);
+      });
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 16) {
+        const __mmask16 m = lanes(t1 - t0);
+        by_query_groups(n_q, [&](auto nq, int i) {
+          score_tile<nq.value>(head, bs, pairs, t0, m, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                               scores + size_t(i) * stride, stride);
+        });
+      }
+    }
+  }
+
+  // out_c += scale_c sum_t w_t code_tc + min_c sum_t w_t per token group;
+  // the sums over tokens (lanes) are reduced 16 channels at a time.
+  void accumulate_channel_major(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                                float* out) const {
+    const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    const int tiles = (hd + 15) / 16;
+    thread_local std::vector<float> fbuf;
+    const size_t need = size_t(2 * hd) + size_t(n_q) * (size_t(tiles) * 16 + 1) + size_t(tiles) * 16 * 16;
+    if (fbuf.size() < need) fbuf.resize(need);
+    float *sc = fbuf.data(), *mn = sc + hd, *acc = mn + hd, *wsum = acc + size_t(n_q) * tiles * 16;
+    float* codes = wsum + n_q;  // (tiles * 16 channels, 16 token lanes)
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      head_affine(block, tg, kv_head, sc, mn);
+      std::fill(acc, acc + size_t(n_q) * tiles * 16 + size_t(n_q), 0.0f);  // acc and wsum
+      std::fill(codes, codes + size_t(tiles) * 256, 0.0f);
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 16) {
+        const __mmask16 m = lanes(t1 - t0);
+        for (int p = 0; p < pairs; p += kPairsPerLoad) {
+          __m512i x[kPairsPerLoad];
+          load_pairs(head, bs, p, t0, m, x);
+          for (int k = 0; k < kPairsPerLoad; ++k) {
+            const int c = 2 * (p + k);
+            _mm512_storeu_ps(codes + size_t(c) * 16, _mm512_cvtepi32_ps(_mm512_and_si512(x[k], _mm512_set1_epi32(0xFFFF))));
+            _mm512_storeu_ps(codes + size_t(c + 1) * 16, _mm512_cvtepi32_ps(_mm512_srli_epi32(x[k], 16)));
+          }
+        }
+        for (int i = 0; i < n_q; ++i) {
+          const __m512 w = _mm512_maskz_loadu_ps(m, weights + size_t(i) * stride + t0);
+          wsum[i] += _mm512_reduce_add_ps(w);
+          for (int tile = 0; tile < tiles; ++tile) {
+            __m512 prod[16];
+            #pragma GCC unroll 16
+            for (int c = 0; c < 16; ++c) prod[c] = _mm512_mul_ps(w, _mm512_loadu_ps(codes + size_t(tile * 16 + c) * 16));
+            float* a = acc + (size_t(i) * tiles + tile) * 16;
+            _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), simd::hsum16(prod)));
+          }
+        }
+      }
+      for (int i = 0; i < n_q; ++i)
+        for (int d = 0; d < hd; d += 16) {
+          const __mmask16 m = lanes(hd - d);
+          float* o = out + size_t(i) * hd + d;
+          const __m512 sum = _mm512_loadu_ps(acc + size_t(i) * tiles * 16 + d);
+          const __m512 add = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, sc + d), sum,
+                                             _mm512_mul_ps(_mm512_maskz_loadu_ps(m, mn + d), _mm512_set1_ps(wsum[i])));
+          _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), add));
+        }
+    }
+  }
+#endif
+#if defined(__AVX512F__)
+  // Per-channel scale and min of each token group, in lane order.
+  struct Source {
+    using Order = simd::Lanes<B>;
+    const uint8_t* block;
+    size_t code_stride, code_off;  // in bytes
+    int head_dim, group;
+    const float *scale, *min;  // (token group, head_dim) lane order
+    struct Cursor {
+      const uint8_t* codes;
+      const float *scale, *min;  // (head_dim) lane order
+      void chunk(int c, __m512* x) const {
+        Order::unpack(codes + 16 * c, x);
+        #pragma GCC unroll 16
+        for (int k = 0; k < Order::kVecs; ++k) {
+          const int v = (c * Order::kVecs + k) * 16;
+          x[k] = _mm512_fmadd_ps(x[k], _mm512_loadu_ps(scale + v), _mm512_loadu_ps(min + v));
+        }
+      }
+    };
+    void prefetch(int n) const { simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8); }
+    Cursor token(int t) const {
+      const size_t g = size_t(t / group) * head_dim;
+      return {block + size_t(t) * code_stride + code_off, scale + g, min + g};
+    }
+  };
+  // REQUIRES: simd_. Converts the head's metadata of the token groups that
+  // hold the first n tokens once, for every token of the call.
+  Source source(const uint8_t* block, int n, int kv_head) const {
+    using Order = simd::Lanes<B>;
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(first) * B / 8;
+    Source src{block, head_major_ ? head_code_bytes_ : code_bytes_, code_off, hd, group_, nullptr, nullptr};
+    if (static_) {
+      src.scale = static_scale_lanes_.data() + first;
+      src.min = static_min_lanes_.data() + first;
+      return src;
+    }
+    const int groups = (n + group_ - 1) / group_;
+    float* buf = simd::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
+    float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
+    for (int tg = 0; tg < groups; ++tg) {
+      const fp16_t* meta = pair(block, tg, first);
+      for (int d = 0; d < hd; d += 16) {
+        __m512 s, m;
+        simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
+        _mm512_storeu_ps(nat_s + d, s);
+        _mm512_storeu_ps(nat_m + d, m);
+      }
+      for (int d = 0; d < hd; d += Order::kCodes) {
+        Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
+        Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);
+      }
+    }
+    src.scale = sc;
+    src.min = mn;
+    return src;
+  }
+#endif
+
+ private:
+  // Codes of token slot, starting at kv_head's first channel (head-major; in
+  // token-major blocks the whole row, whatever kv_head is). Channel d of the
+  // row is code index(d) there.
+  template <class P>
+  P* code_row(P* block, int slot, int kv_head) const {
+    if (head_major_) return block + size_t(kv_head) * head_bytes_ + size_t(slot) * head_code_bytes_;
+    return block + size_t(slot) * code_bytes_;
+  }
+  int index(int d) const { return head_major_ ? d % shape_.head_dim : d; }
+  // The code of row channel d of token slot, wherever the layout keeps it.
+  int get(const uint8_t* block, int slot, int d) const {
+    if (!channel_major_) return get_code<B>(code_row(block, slot, d / shape_.head_dim), index(d));
+    const int c = d % shape_.head_dim;
+    return (*channel_byte(block, slot, d) >> ((c % (8 / B)) * B)) & ((1 << B) - 1);
+  }
+  void put(uint8_t* block, int slot, int d, int code) const {
+    if (!channel_major_) return set_code<B>(code_row(block, slot, d / shape_.head_dim), index(d), code);
+    const int shift = (d % shape_.head_dim % (8 / B)) * B;
+    uint8_t& byte = *channel_byte(block, slot, d);
+    byte = uint8_t((byte & ~(((1 << B) - 1) << shift)) | (code << shift));
+  }
+  // Channel-major: the byte holding row channel d of token slot.
+  template <class P>
+  P* channel_byte(P* block, int slot, int d) const {
+    const int hd = shape_.head_dim;
+    return block + size_t(d / hd) * head_bytes_ + size_t((d % hd) / (8 / B)) * size_t(shape_.block_size) + size_t(slot);
+  }
+  // The (scale, min) pair of channel d for token group tg; the pairs of one
+  // head's channels are contiguous.
+  template <class P>
+  auto* pair(P* block, int tg, int d) const {
+    using F = std::conditional_t<std::is_const_v<P>, const fp16_t, fp16_t>;
+    const int hd = shape_.head_dim;
+    if (head_major_) {
+      P* meta = block + size_t(d / hd) * head_bytes_ + size_t(shape_.block_size) * head_code_bytes_;
+      return reinterpret_cast<F*>(meta) + 2 * (size_t(tg) * hd + size_t(d % hd));
+    }
+    return reinterpret_cast<F*>(block + size_t(shape_.block_size) * code_bytes_) +
+           2 * (size_t(tg) * shape_.kv_dim() + size_t(d));
+  }
+  // scale/min of channels [first, first + count) for token group tg.
+  void load_affine(const uint8_t* block, int tg, int first, int count, float* scale, float* min) const {
+    if (static_) {
+      std::copy_n(static_scale_.begin() + first, count, scale);
+      std::copy_n(static_min_.begin() + first, count, min);
+      return;
+    }
+    for (int d = 0; d < count; ++d) {
+      const fp16_t* meta = pair(block, tg, first + d);
+      scale[d] = fp16_to_fp32(meta[0]);
+      min[d] = fp16_to_fp32(meta[1]);
+    }
+  }
+  // The head_dim codes of kv_head for token t, as floats.
+  void unpack(const uint8_t* block, int t, int kv_head, float* out) const {
+    const int hd = shape_.head_dim;
+    for (int d = 0; d < hd; ++d) out[d] = float(get(block, t, kv_head * hd + d));
+  }
+  static float* scratch(size_t n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+  }
+
+  bool static_;
+  int group_;          // tokens per (scale, min) group
+  size_t code_bytes_;  // packed codes of one token row
+  bool head_major_;
+  bool channel_major_;  // head-major codes stored (channel byte, token)
+  size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
+  size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
+  std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
+  bool simd_ = false;
+  bool channel_major_simd_ = false;  // channel_major_ with the integer kernels below
+  std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
+};
+
+}  // namespace int_codec
+
+std::unique_ptr<KvCodec> make_channel_codec(const KvCodecConfig& config, const KvBlockShape& shape) {
+  switch (config.dtype) {
+    case KvDType::INT8: return std::make_unique<int_codec::ChannelCodec<8>>(config, shape);
+    case KvDType::INT4: return std::make_unique<int_codec::ChannelCodec<4>>(config, shape);
+    default: return std::make_unique<int_codec::ChannelCodec<2>>(config, shape);
+  }
+}
+
+}  // namespace kvserve

@@ -1,0 +1,370 @@
+// Internal to the integer KV codecs (int_codecs.cpp, channel_codec.cpp): code
+// packing, the affine fit, and the AVX-512 attention kernels the codecs share
+// (token sources dequantized in registers, 16-bit folding helpers).
+#pragma once
+
+#include "kv/attention_simd.h"
+
+#include "util/simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/vector_ops.h"
+#include "util/half.h"
+
+namespace kvserve::int_codec {
+
+// The largest magnitude a 16-bit folded operand may take when int32 sums of
+// `terms` products with B-bit codes must not overflow.
+template <int B>
+float folded_qmax(int terms) {
+  return float(std::min<int64_t>(32767, INT32_MAX / (int64_t((1 << B) - 1) * terms)));
+}
+
+// Runs f(std::integral_constant<int, m>{}, i) over groups [i, i + m) of at
+// most 4 of n_q queries: kernels templated on the group size keep their
+// per-query accumulators in registers.
+template <class F>
+void by_query_groups(int n_q, F&& f) {
+  for (int i = 0; i < n_q; i += 4) switch (std::min(4, n_q - i)) {
+      case 1: f(std::integral_constant<int, 1>{}, i); break;
+      case 2: f(std::integral_constant<int, 2>{}, i); break;
+      case 3: f(std::integral_constant<int, 3>{}, i); break;
+      default: f(std::integral_constant<int, 4>{}, i); break;
+    }
+}
+
+// Codes of B bits packed little-endian within each byte: code i of a row sits
+// in byte i * B / 8 at bit (i * B) % 8.
+template <int B>
+inline int get_code(const uint8_t* row, int i) {
+  if constexpr (B == 8) return row[i];
+  else return (row[(i * B) >> 3] >> ((i * B) & 7)) & ((1 << B) - 1);
+}
+
+template <int B>
+inline void set_code(uint8_t* row, int i, int c) {
+  if constexpr (B == 8) {
+    row[i] = uint8_t(c);
+  } else {
+    const int shift = (i * B) & 7;
+    uint8_t& byte = row[(i * B) >> 3];
+    byte = uint8_t((byte & ~(((1 << B) - 1) << shift)) | (c << shift));
+  }
+}
+
+// The fp16-rounded (scale, min) of a group spanning [lo, hi]: codes are
+// computed against the rounded values so decode reproduces them exactly.
+struct Affine {
+  float scale, min;
+  fp16_t scale16, min16;
+};
+
+template <int B>
+Affine fit_affine(float lo, float hi) {
+  constexpr int kLevels = (1 << B) - 1;
+  Affine a;
+  a.min16 = fp32_to_fp16(lo);
+  a.min = fp16_to_fp32(a.min16);
+  a.scale16 = fp32_to_fp16((hi - a.min) / kLevels);
+  a.scale = fp16_to_fp32(a.scale16);
+  return a;
+}
+
+template <int B>
+inline int quantize(float x, float min, float inv_scale) {
+  constexpr int kLevels = (1 << B) - 1;
+  const int c = int(std::lrintf((x - min) * inv_scale));
+  return std::clamp(c, 0, kLevels);
+}
+
+inline float inverse(float s) { return s > 0 ? 1.0f / s : 0.0f; }
+
+#if defined(__AVX512F__)
+// AVX-512 attention kernels. Each codec exposes a *source*: for token t,
+// `token(t)` returns a small cursor whose `chunk(c, x)` dequantizes chunk c of
+// the head slice (16 bytes of packed codes, or one q4_0 block) straight into
+// Order::kVecs registers. The kernels below are codec-blind: scores
+// accumulate q·x per token in registers and reduce 16 tokens at once;
+// accumulate keeps the (query, dim) sums in registers across the block. Every
+// key or value byte is read once per call, for all n_q queries of the group.
+//
+// Lane order: unpacking B-bit codes with shifts leaves vector k of a chunk
+// holding codes j * kVecs + k (j = lane). Rather than shuffling every token's
+// codes back, queries (and per-channel scales) are permuted into that order
+// once per call, and accumulated outputs are permuted back once per call.
+namespace simd {
+
+#if defined(__AVX512F__)
+using kvserve::simd::hsum16;
+#endif
+using kvserve::simd::prefetch_rows;
+
+
+
+
+
+// 16 (scale, min) fp16 pairs, one per 32-bit word, split into two float vectors.
+inline void split_pairs(__m512i words, __m512& scale, __m512& min) {
+  scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+  min = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
+}
+
+// B-bit codes: a chunk is 16 bytes = kCodes codes in kVecs vectors; vector k,
+// lane j holds code j * kVecs + k of the chunk.
+template <int B>
+struct Lanes {
+  static constexpr int kVecs = 8 / B;
+  static constexpr int kCodes = 16 * kVecs;
+
+  static void unpack(const uint8_t* p, __m512* c) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+    c[0] = _mm512_cvtepi32_ps(B == 8 ? b : _mm512_and_si512(b, mask));
+    for (int k = 1; k < kVecs; ++k) {
+      const __m512i s = _mm512_srli_epi32(b, unsigned(k * B));
+      c[k] = _mm512_cvtepi32_ps(k + 1 == kVecs ? s : _mm512_and_si512(s, mask));
+    }
+  }
+  // kCodes natural-order floats -> lane order, and back.
+  static void to_lanes(const float* nat, float* lanes) {
+    if constexpr (B == 8) {
+      std::memcpy(lanes, nat, sizeof(float) * 16);
+    } else if constexpr (B == 4) {
+      const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
+      #pragma GCC unroll 16
+      for (int k = 0; k < 2; ++k) _mm512_storeu_ps(lanes + 16 * k, _mm512_permutex2var_ps(n0, index(2, k), n1));
+    } else {
+      const __m512 n0 = _mm512_loadu_ps(nat), n1 = _mm512_loadu_ps(nat + 16);
+      const __m512 n2 = _mm512_loadu_ps(nat + 32), n3 = _mm512_loadu_ps(nat + 48);
+      #pragma GCC unroll 16
+      for (int k = 0; k < 4; ++k) {
+        const __m512i idx = _mm512_and_si512(index(4, k), _mm512_set1_epi32(31));  // element 4j + k
+        _mm512_storeu_ps(lanes + 16 * k, _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(n0, idx, n1),
+                                                              _mm512_permutex2var_ps(n2, idx, n3)));
+      }
+    }
+  }
+  static void from_lanes(const __m512* lanes, __m512* nat) {
+    if constexpr (B == 8) {
+      nat[0] = lanes[0];
+    } else if constexpr (B == 4) {
+      #pragma GCC unroll 16
+      for (int m = 0; m < 2; ++m) {  // element e = 16m + j sits in vector e % 2, lane e / 2
+        const __m512i j = iota();
+        const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 1), _mm512_set1_epi32(8 * m)),
+                                            _mm512_slli_epi32(_mm512_and_si512(j, _mm512_set1_epi32(1)), 4));
+        nat[m] = _mm512_permutex2var_ps(lanes[0], idx, lanes[1]);
+      }
+    } else {
+      #pragma GCC unroll 16
+      for (int m = 0; m < 4; ++m) {  // element e = 16m + j sits in vector e % 4, lane e / 4
+        const __m512i j = iota();
+        const __m512i idx = _mm512_or_si512(_mm512_add_epi32(_mm512_srli_epi32(j, 2), _mm512_set1_epi32(4 * m)),
+                                            _mm512_slli_epi32(_mm512_and_si512(j, _mm512_set1_epi32(1)), 4));
+        nat[m] = _mm512_mask_blend_ps(0xCCCC, _mm512_permutex2var_ps(lanes[0], idx, lanes[1]),
+                                      _mm512_permutex2var_ps(lanes[2], idx, lanes[3]));
+      }
+    }
+  }
+
+ private:
+  static __m512i iota() { return _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
+  // Lane j: mul * j + add.
+  static __m512i index(int mul, int add) {
+    return _mm512_add_epi32(_mm512_mullo_epi32(iota(), _mm512_set1_epi32(mul)), _mm512_set1_epi32(add));
+  }
+};
+
+// Natural order with kVecs vectors per chunk (q4_0: one 32-value block).
+template <int V>
+struct Natural {
+  static constexpr int kVecs = V;
+  static constexpr int kCodes = 16 * V;
+  static void to_lanes(const float* nat, float* lanes) { std::memcpy(lanes, nat, sizeof(float) * kCodes); }
+  static void from_lanes(const __m512* lanes, __m512* nat) {
+    #pragma GCC unroll 16
+    for (int k = 0; k < V; ++k) nat[k] = lanes[k];
+  }
+};
+
+// For nq <= 4 folded vectors: the largest magnitude top[i] and the sum b[i]
+// of each; writes step[i] = max / qmax (the 16-bit rounding step), bias[i] =
+// sum and inv[i] = qmax / max (0 when max is 0).
+inline void fold_steps(const __m512* top, const __m512* b, int nq, float qmax, float* step, float* bias,
+                       float* inv) {
+  const __m128 tops = kvserve::simd::reduce4<true>(top, nq);
+  const __mmask8 lane = __mmask8((1u << nq) - 1);
+  _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
+  _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, nq));
+  _mm_storeu_ps(inv, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+}
+
+inline float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> bufs[2];
+  std::vector<float>& buf = bufs[slot];
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// NQ queries (lane order, (NQ, hd) floats at qp + t * q_token_stride) against
+// the first n tokens of the source.
+template <int NQ, class Src>
+void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n, float scale, float* scores,
+                   int stride) {
+  constexpr int kVecs = Src::Order::kVecs;
+  const int hd = src.head_dim, chunks = hd / Src::Order::kCodes;
+  __m512 part[NQ][16];
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    const int nt = std::min(16, n - t0);
+    for (int tt = 0; tt < 16; ++tt) {
+      if (tt >= nt) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < NQ; ++i) part[i][tt] = _mm512_setzero_ps();
+        continue;
+      }
+      const int t = t0 + tt;
+      const auto tok = src.token(t);
+      const float* qt = qp + size_t(t) * q_token_stride;
+      __m512 acc[NQ];
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
+      for (int c = 0; c < chunks; ++c) {
+        __m512 x[kVecs];
+        tok.chunk(c, x);
+        #pragma GCC unroll 16
+        for (int k = 0; k < kVecs; ++k)
+          #pragma GCC unroll 16
+          for (int i = 0; i < NQ; ++i)
+            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + (c * kVecs + k) * 16), x[k], acc[i]);
+      }
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+    }
+    const __mmask16 mask = __mmask16((1u << nt) - 1);
+    const __m512 s = _mm512_set1_ps(scale);
+    #pragma GCC unroll 16
+    for (int i = 0; i < NQ; ++i)
+      _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(s, hsum16(part[i])));
+  }
+}
+
+// How many queries the next pass takes: passes of 3 or 4 keep the
+// accumulators in registers.
+inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
+
+// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.
+template <class Src>
+void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores,
+           int stride) {
+  using Order = typename Src::Order;
+  const int hd = src.head_dim;
+  src.prefetch(n);
+  const size_t sets = size_t(per_token_q ? n : 1) * size_t(n_q);
+  float* qp = scratch(0, sets * hd);
+  for (size_t s = 0; s < sets; ++s)
+    for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
+  const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
+  for (int i = 0; i < n_q;) {
+    const int m = pass_size(n_q - i);
+    const float* qi = qp + size_t(i) * hd;
+    float* si = scores + size_t(i) * stride;
+    switch (m) {
+      case 1: score_queries<1>(src, qi, q_token_stride, n, scale, si, stride); break;
+      case 2: score_queries<2>(src, qi, q_token_stride, n, scale, si, stride); break;
+      case 3: score_queries<3>(src, qi, q_token_stride, n, scale, si, stride); break;
+      default: score_queries<4>(src, qi, q_token_stride, n, scale, si, stride); break;
+    }
+    i += m;
+  }
+}
+
+// out[i][d] += sum_t w[i][t] x_t[d] over the NV vectors of the head slice
+// starting at vector v0 (whole chunks), NQ queries.
+template <int NQ, int NV, class Src>
+void accumulate_slice(const Src& src, const float* weights, int stride, int n, int v0, float* out) {
+  using Order = typename Src::Order;
+  constexpr int kVecs = Order::kVecs;
+  static_assert(NV % kVecs == 0);
+  const int hd = src.head_dim, c0 = v0 / kVecs;
+  __m512 acc[NQ][NV];
+  #pragma GCC unroll 16
+  for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int t = 0; t < n; ++t) {
+    const auto tok = src.token(t);
+    #pragma GCC unroll 16
+    for (int c = 0; c < NV / kVecs; ++c) {
+      __m512 x[kVecs];
+      tok.chunk(c0 + c, x);
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 w = _mm512_set1_ps(weights[i * stride + t]);
+        #pragma GCC unroll 16
+        for (int k = 0; k < kVecs; ++k) acc[i][c * kVecs + k] = _mm512_fmadd_ps(w, x[k], acc[i][c * kVecs + k]);
+      }
+    }
+  }
+  #pragma GCC unroll 16
+  for (int i = 0; i < NQ; ++i)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NV / kVecs; ++c) {
+      __m512 nat[kVecs];
+      Order::from_lanes(&acc[i][c * kVecs], nat);
+      #pragma GCC unroll 16
+      for (int k = 0; k < kVecs; ++k) {
+        float* o = out + i * hd + v0 * 16 + (c * kVecs + k) * 16;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), nat[k]));
+      }
+    }
+}
+
+template <int NQ, class Src>
+void accumulate_queries(const Src& src, const float* weights, int stride, int n, float* out) {
+  constexpr int kVecs = Src::Order::kVecs;
+  const int nv = src.head_dim / 16;
+  for (int v0 = 0; v0 < nv;) {
+    const int left = nv - v0;
+    if (left >= 4) {
+      accumulate_slice<NQ, 4>(src, weights, stride, n, v0, out);
+      v0 += 4;
+    } else if constexpr (kVecs <= 2) {
+      if (left >= 2) {
+        accumulate_slice<NQ, 2>(src, weights, stride, n, v0, out);
+        v0 += 2;
+      } else if constexpr (kVecs == 1) {
+        accumulate_slice<NQ, 1>(src, weights, stride, n, v0, out);
+        v0 += 1;
+      }
+    }
+  }
+}
+
+template <class Src>
+void accumulate(const Src& src, const float* weights, int n_q, int stride, int n, float* out) {
+  const int hd = src.head_dim;
+  src.prefetch(n);
+  for (int i = 0; i < n_q;) {
+    const int m = pass_size(n_q - i);
+    const float* wi = weights + size_t(i) * stride;
+    float* oi = out + size_t(i) * hd;
+    switch (m) {
+      case 1: accumulate_queries<1>(src, wi, stride, n, oi); break;
+      case 2: accumulate_queries<2>(src, wi, stride, n, oi); break;
+      case 3: accumulate_queries<3>(src, wi, stride, n, oi); break;
+      default: accumulate_queries<4>(src, wi, stride, n, oi); break;
+    }
+    i += m;
+  }
+}
+
+}  // namespace simd
+#endif  // __AVX512F__
+
+}  // namespace kvserve::int_codec
