@@ -101,9 +101,46 @@ inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); 
 
 // NQ queries against n keys, each key read once. k: first key's head
 // slice; keys row elements apart. q of token t at q + t * q_token_stride, (NQ, hd).
-template <class Tr, int NQ>
+// kChunks: hd / 16 when known at compile time (0 otherwise): the loop over a
+// key unrolls, and queries shared by every token (q_token_stride 0) stay in
+// registers.
+template <class Tr, int NQ, int kChunks = 0>
 void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, int row, int hd, int n,
                 float scale, float* scores, int stride) {
+  if constexpr (kChunks > 0) {
+    if (q_token_stride == 0) {
+      __m512 qv[NQ][kChunks];
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 16
+        for (int c = 0; c < kChunks; ++c) qv[i][c] = _mm512_loadu_ps(q + i * 16 * kChunks + 16 * c);
+      __m512 part[NQ][16];
+      for (int t0 = 0; t0 < n; t0 += 16) {
+        const int nt = std::min(16, n - t0);
+        for (int tt = 0; tt < 16; ++tt) {
+          __m512 acc[NQ];
+          #pragma GCC unroll 16
+          for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
+          if (tt < nt) {
+            const typename Tr::T* kt = k + size_t(t0 + tt) * row;
+            #pragma GCC unroll 16
+            for (int c = 0; c < kChunks; ++c) {
+              const __m512 x = Tr::load16(kt + 16 * c);
+              #pragma GCC unroll 16
+              for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(qv[i][c], x, acc[i]);
+            }
+          }
+          #pragma GCC unroll 16
+          for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+        }
+        const __mmask16 mask = __mmask16((1u << nt) - 1);
+        #pragma GCC unroll 16
+        for (int i = 0; i < NQ; ++i)
+          _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(_mm512_set1_ps(scale), simd::hsum16(part[i])));
+      }
+      return;
+    }
+  }
   __m512 part[NQ][16];
   for (int t0 = 0; t0 < n; t0 += 16) {
     const int nt = std::min(16, n - t0);
@@ -270,13 +307,22 @@ class FloatCodec final : public KvCodec {
       const float* qi = q + size_t(i) * hd;
       float* si = scores + size_t(i) * stride;
       switch (m) {
-        case 1: score_simd<Tr, 1>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
-        case 2: score_simd<Tr, 2>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
-        case 3: score_simd<Tr, 3>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
-        default: score_simd<Tr, 4>(qi, q_token_stride, k, hd, hd, n, scale, si, stride); break;
+        case 1: score_head<1>(qi, q_token_stride, k, n, scale, si, stride); break;
+        case 2: score_head<2>(qi, q_token_stride, k, n, scale, si, stride); break;
+        case 3: score_head<3>(qi, q_token_stride, k, n, scale, si, stride); break;
+        default: score_head<4>(qi, q_token_stride, k, n, scale, si, stride); break;
       }
       i += m;
     }
+  }
+  // score_simd with the common head sizes (64, 128) known at compile time.
+  template <int NQ>
+  void score_head(const float* q, size_t q_token_stride, const T* k, int n, float scale, float* scores,
+                  int stride) const {
+    const int hd = shape_.head_dim;
+    if (hd == 64) return score_simd<Tr, NQ, 4>(q, q_token_stride, k, hd, hd, n, scale, scores, stride);
+    if (hd == 128) return score_simd<Tr, NQ, 8>(q, q_token_stride, k, hd, hd, n, scale, scores, stride);
+    score_simd<Tr, NQ>(q, q_token_stride, k, hd, hd, n, scale, scores, stride);
   }
 #endif
   // The head_dim values of kv_head for token slot.
