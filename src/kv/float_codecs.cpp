@@ -246,6 +246,23 @@ class FloatCodec final : public KvCodec {
       score_passes(q, 0, n_q, block, n, kv_head, scale, scores, stride);
       return;
     }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (hd % 8 == 0 && n_q <= 4) {  // AVX2: each key converted once for all the group's queries
+      for (int t = 0; t < n; ++t) {
+        const T* k = at(block, kv_head, t);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int d = 0; d < hd; d += 8) {
+          const __m256 x = Tr::load8(k + d);
+          for (int i = 0; i < n_q; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * hd + d), x, acc[i]);
+        }
+        for (int i = 0; i < n_q; ++i) {
+          __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+          s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+          scores[i * stride + t] = scale * _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        }
+      }
+      return;
+    }
 #endif
     for (int t = 0; t < n; ++t) {
       const T* k = at(block, kv_head, t);
