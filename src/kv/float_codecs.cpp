@@ -99,6 +99,28 @@ void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
 // How many queries one pass takes: 3 or 4 keep the accumulators in registers.
 inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
 
+// Scores of NQ queries against n keys, 16 keys at a time: dot(t, acc) adds
+// key t's per-lane products to acc[NQ]; hsum16 reduces 16 keys at once.
+template <int NQ, class Dot>
+inline void score_tiles(int n, float scale, float* scores, int stride, Dot&& dot) {
+  __m512 part[NQ][16];
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    const int nt = std::min(16, n - t0);
+    for (int tt = 0; tt < 16; ++tt) {
+      __m512 acc[NQ];
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
+      if (tt < nt) dot(t0 + tt, acc);
+      #pragma GCC unroll 16
+      for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+    }
+    const __mmask16 mask = __mmask16((1u << nt) - 1);
+    #pragma GCC unroll 16
+    for (int i = 0; i < NQ; ++i)
+      _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(_mm512_set1_ps(scale), simd::hsum16(part[i])));
+  }
+}
+
 // NQ queries against n keys, each key read once. k: first key's head
 // slice; keys row elements apart. q of token t at q + t * q_token_stride, (NQ, hd).
 // kChunks: hd / 16 when known at compile time (0 otherwise): the loop over a
@@ -114,58 +136,27 @@ void score_simd(const float* q, size_t q_token_stride, const typename Tr::T* k, 
       for (int i = 0; i < NQ; ++i)
         #pragma GCC unroll 16
         for (int c = 0; c < kChunks; ++c) qv[i][c] = _mm512_loadu_ps(q + i * 16 * kChunks + 16 * c);
-      __m512 part[NQ][16];
-      for (int t0 = 0; t0 < n; t0 += 16) {
-        const int nt = std::min(16, n - t0);
-        for (int tt = 0; tt < 16; ++tt) {
-          __m512 acc[NQ];
-          #pragma GCC unroll 16
-          for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
-          if (tt < nt) {
-            const typename Tr::T* kt = k + size_t(t0 + tt) * row;
-            #pragma GCC unroll 16
-            for (int c = 0; c < kChunks; ++c) {
-              const __m512 x = Tr::load16(kt + 16 * c);
-              #pragma GCC unroll 16
-              for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(qv[i][c], x, acc[i]);
-            }
-          }
-          #pragma GCC unroll 16
-          for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
-        }
-        const __mmask16 mask = __mmask16((1u << nt) - 1);
+      score_tiles<NQ>(n, scale, scores, stride, [&](int t, __m512* acc) {
+        const typename Tr::T* kt = k + size_t(t) * row;
         #pragma GCC unroll 16
-        for (int i = 0; i < NQ; ++i)
-          _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(_mm512_set1_ps(scale), simd::hsum16(part[i])));
-      }
+        for (int c = 0; c < kChunks; ++c) {
+          const __m512 x = Tr::load16(kt + 16 * c);
+          #pragma GCC unroll 16
+          for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(qv[i][c], x, acc[i]);
+        }
+      });
       return;
     }
   }
-  __m512 part[NQ][16];
-  for (int t0 = 0; t0 < n; t0 += 16) {
-    const int nt = std::min(16, n - t0);
-    for (int tt = 0; tt < 16; ++tt) {
-      __m512 acc[NQ];
+  score_tiles<NQ>(n, scale, scores, stride, [&](int t, __m512* acc) {
+    const typename Tr::T* kt = k + size_t(t) * row;
+    const float* qt = q + size_t(t) * q_token_stride;
+    for (int d = 0; d < hd; d += 16) {
+      const __m512 x = Tr::load16(kt + d);
       #pragma GCC unroll 16
-      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_setzero_ps();
-      if (tt < nt) {
-        const int t = t0 + tt;
-        const typename Tr::T* kt = k + size_t(t) * row;
-        const float* qt = q + size_t(t) * q_token_stride;
-        for (int d = 0; d < hd; d += 16) {
-          const __m512 x = Tr::load16(kt + d);
-          #pragma GCC unroll 16
-          for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + d), x, acc[i]);
-        }
-      }
-      #pragma GCC unroll 16
-      for (int i = 0; i < NQ; ++i) part[i][tt] = acc[i];
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + i * hd + d), x, acc[i]);
     }
-    const __mmask16 mask = __mmask16((1u << nt) - 1);
-    #pragma GCC unroll 16
-    for (int i = 0; i < NQ; ++i)
-      _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(_mm512_set1_ps(scale), simd::hsum16(part[i])));
-  }
+  });
 }
 
 // out (NQ, hd) += weights (NQ, stride) x values, over NV vectors from dim d0;
