@@ -66,14 +66,6 @@ struct MatmulArgs {
 [[maybe_unused]] inline float weight_at(const float* p, int64_t k) { return p[k]; }
 [[maybe_unused]] inline float weight_at(const fp16_t* p, int64_t k) { return fp16_to_fp32(p[k]); }
 
-#if defined(__AVX2__)
-[[maybe_unused]] inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#endif
-
 #if defined(KVSERVE_MATMUL_AVX512)
 
 // Decode streams the weights from DRAM once, and the hardware prefetcher alone
@@ -160,7 +152,7 @@ struct FloatKernel {
       }
       KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
-        float sum = hsum8(acc[t]);
+        float sum = simd::hsum8(acc[t]);
         for (int64_t j = k; j < cols; ++j) sum += weight_at(wr, j) * a.x[(t0 + t) * cols + j];
         a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
       }
@@ -377,7 +369,7 @@ struct QuantKernel {
         }
       }
       KVSERVE_UNROLL
-      for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.w->rows + r0 + r] = hsum8(acc[t]);
+      for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.w->rows + r0 + r] = simd::hsum8(acc[t]);
     }
   }
 };

@@ -282,12 +282,8 @@ class ChannelCodec final : public KvCodec {
           top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
           b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
         }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        bias[i] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        const float mx = kvserve::simd::hmax8(top);
+        bias[i] = kvserve::simd::hsum8(b);
         step[i] = mx / qmax;
         const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);
         for (int d = 0; d < hd; d += 8) {

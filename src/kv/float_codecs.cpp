@@ -67,9 +67,7 @@ float dot_row(const float* q, const typename Tr::T* k, int n) {
   if (n >= 8) {  // AVX2 machines: 8 lanes
     __m256 acc = _mm256_setzero_ps();
     for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), Tr::load8(k + d), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    sum = simd::hsum8(acc);
   }
 #endif
   for (; d < n; ++d) sum += q[d] * Tr::to(k[d]);
@@ -246,11 +244,7 @@ class FloatCodec final : public KvCodec {
           const __m256 x = Tr::load8(k + d);
           for (int i = 0; i < n_q; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * hd + d), x, acc[i]);
         }
-        for (int i = 0; i < n_q; ++i) {
-          __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
-          s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-          scores[i * stride + t] = scale * _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
-        }
+        for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * simd::hsum8(acc[i]);
       }
       return;
     }
