@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/interleaved_q8.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_matrix.h"
 #include "util/aligned_buffer.h"
@@ -130,6 +131,50 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   b->UseRealTime();
 }
 BENCHMARK(BM_Matmul)->Apply(matmul_args);
+
+// The same Q8_0 matrices through their interleaved copies (what Model loads
+// on AVX-512 VNNI machines). Args: rows, cols, n, threads.
+void BM_MatmulInterleavedQ8(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n = state.range(2);
+  const int threads = int(state.range(3));
+  if (!interleaved_q8_supported()) {
+    state.SkipWithError("no AVX-512 VNNI kernel in this build");
+    return;
+  }
+  // Built from one plain set at a time, then the plain copies are dropped.
+  static std::vector<std::unique_ptr<InterleavedQ8>> packed;
+  static std::pair<int64_t, int64_t> packed_shape;
+  if (packed.empty() || packed_shape != std::pair{rows, cols}) {
+    packed.clear();
+    {
+      const WeightSet plain(WeightType::Q8_0, rows, cols);
+      for (size_t i = 0; i < plain.copies.size(); ++i) packed.push_back(interleave_q8(plain.matrix(i)));
+    }
+    packed_shape = {rows, cols};
+  }
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+  std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
+  uint64_t seed = 42;
+  for (auto& v : x) v = float(int64_t(next_random(seed) % 2001) - 1000) / 1000.0f;
+  size_t i = 0;
+  for (auto _ : state) {
+    const InterleavedQ8& w = *packed[i++ % packed.size()];
+    interleaved_q8_matmul(w, x.data(), y.data(), n, pool.get());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double calls = double(state.iterations());
+  state.SetBytesProcessed(int64_t(calls * double(weight_row_bytes(WeightType::Q8_0, cols) * size_t(rows))));
+  state.counters["flops"] = benchmark::Counter(calls * 2.0 * double(rows) * double(cols) * double(n),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulInterleavedQ8)
+    ->ArgNames({"rows", "cols", "n", "threads"})
+    ->ArgsProduct({{4096}, {1536}, {1, 16, 64, 512}, {1, 2}})
+    ->Args({1536, 4096, 1, 2})
+    ->Args({1536, 4096, 16, 2})
+    ->UseRealTime();
 
 // Prefill-sized batch, to see compute efficiency with a large n.
 BENCHMARK(BM_Matmul)

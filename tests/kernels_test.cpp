@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/interleaved_q8.h"
 #include "kernels/matmul.h"
 #include "kernels/quantize_q8.h"
 #include "kernels/vector_ops.h"
@@ -206,10 +207,17 @@ struct Shape {
   int64_t rows, cols;
 };
 
-void check_matmul(WeightType type, Shape s, int64_t n, int threads) {
+// interleave: run the Q8_0 matrix through its interleaved copy.
+void check_matmul(WeightType type, Shape s, int64_t n, int threads, bool interleave = false) {
   std::mt19937 rng(uint32_t(s.rows * 1000 + s.cols * 10 + n));
   const TestMatrix m = random_matrix(type, s.rows, s.cols, rng);
-  const WeightMatrix w = m.view();
+  WeightMatrix w = m.view();
+  std::unique_ptr<InterleavedQ8> packed;
+  if (interleave) {
+    packed = interleave_q8(w);
+    ASSERT_NE(packed, nullptr);
+    w.interleaved = packed.get();
+  }
   const std::vector<float> x = random_activations(n, s.cols, rng);
   std::vector<float> want(static_cast<size_t>(n * s.rows)), got(size_t(n * s.rows), NAN);
   matmul_reference(w, x.data(), want.data(), n);
@@ -222,7 +230,7 @@ void check_matmul(WeightType type, Shape s, int64_t n, int threads) {
     const double err = std::fabs(double(got[i]) - double(want[i]));
     if (!(err <= bound[i])) {
       ++failures;
-      ADD_FAILURE() << weight_type_name(type) << " rows=" << s.rows << " cols=" << s.cols
+      ADD_FAILURE() << weight_type_name(type) << (interleave ? " interleaved" : "") << " rows=" << s.rows << " cols=" << s.cols
                     << " n=" << n << " threads=" << threads << " token=" << i / size_t(s.rows)
                     << " row=" << i % size_t(s.rows) << ": got " << got[i] << " want " << want[i]
                     << " bound " << bound[i];
@@ -288,6 +296,95 @@ TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
       EXPECT_NEAR(got[i], want[i], 1e-6 * abs_sum) << weight_type_name(type) << " i=" << i;
     }
   }
+}
+
+// The interleaved Q8_0 copy (AVX-512 VNNI builds): rows off the 16-row group,
+// token counts off the 16-token tile and the 64-token chunk.
+TEST(MatmulInterleavedQ8, MatchesReferenceWithinBound) {
+  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  for (Shape s : std::vector<Shape>{{1, 32}, {13, 64}, {16, 96}, {37, 160}, {130, 256}, {67, 544}})
+    for (int64_t n : {1, 3, 15, 16, 17, 64, 70, 130})
+      for (int threads : {1, 2, 3}) check_matmul(WeightType::Q8_0, s, n, threads, true);
+}
+
+TEST(MatmulInterleavedQ8, ExactWhenActivationsAreRepresentable) {
+  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  std::mt19937 rng(5);
+  const int64_t rows = 29, cols = 160, n = 19;
+  const TestMatrix m = random_matrix(WeightType::Q8_0, rows, cols, rng);
+  std::uniform_int_distribution<int> q(-127, 127);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 32 == 5 ? (i % 64 == 5 ? 127.0f : -127.0f) : float(q(rng));
+  const auto packed = interleave_q8(m.view());
+  WeightMatrix w = m.view();
+  w.interleaved = packed.get();
+  std::vector<float> want(static_cast<size_t>(n * rows)), got(static_cast<size_t>(n * rows), NAN);
+  matmul_reference(m.view(), x.data(), want.data(), n);
+  matmul(w, x.data(), got.data(), n, nullptr);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int64_t t = int64_t(i) / rows, r = int64_t(i) % rows;
+    dequantize_row(m.view(), r, row.data());
+    double abs_sum = 0;
+    for (int64_t k = 0; k < cols; ++k) abs_sum += std::fabs(double(row[size_t(k)]) * x[size_t(t * cols + k)]);
+    EXPECT_NEAR(got[i], want[i], 1e-6 * abs_sum) << "i=" << i;
+  }
+}
+
+TEST(MatmulInterleavedQ8, ThreadedResultIsIdenticalToSingleThreaded) {
+  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  std::mt19937 rng(12);
+  const TestMatrix m = random_matrix(WeightType::Q8_0, 203, 320, rng);
+  const auto packed = interleave_q8(m.view());
+  WeightMatrix w = m.view();
+  w.interleaved = packed.get();
+  const std::vector<float> x = random_activations(21, 320, rng);
+  std::vector<float> y1(21 * 203), y3(21 * 203);
+  matmul(w, x.data(), y1.data(), 21, nullptr);
+  ThreadPool pool(3);
+  matmul(w, x.data(), y3.data(), 21, &pool);
+  EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0);
+}
+
+// Q, K and V in one call: each output bit-identical to its own matmul, with
+// and without the interleaved copies, and for shapes off the 16-row group.
+TEST(MatmulSharedInput, EqualsOneMatmulPerMatrix) {
+  std::mt19937 rng(21);
+  const int64_t cols = 192, n = 18;
+  std::vector<TestMatrix> ms;
+  for (int64_t rows : {64, 21, 37}) ms.push_back(random_matrix(WeightType::Q8_0, rows, cols, rng));
+  const std::vector<float> x = random_activations(n, cols, rng);
+  for (bool interleave : {false, true}) {
+    std::vector<std::unique_ptr<InterleavedQ8>> packed;
+    std::vector<WeightMatrix> w;
+    for (const TestMatrix& m : ms) {
+      w.push_back(m.view());
+      if (interleave && interleaved_q8_supported()) {
+        packed.push_back(interleave_q8(w.back()));
+        w.back().interleaved = packed.back().get();
+      }
+    }
+    std::vector<std::vector<float>> one(3), many(3);
+    ThreadPool pool(2);
+    for (size_t i = 0; i < 3; ++i) {
+      one[i].resize(size_t(n * w[i].rows));
+      many[i].assign(size_t(n * w[i].rows), NAN);
+      matmul(w[i], x.data(), one[i].data(), n, &pool);
+    }
+    matmul_shared_input({&w[0], &w[1], &w[2]}, {many[0].data(), many[1].data(), many[2].data()}, x.data(), n,
+                        &pool);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)), 0)
+          << "matrix " << i << (interleave ? " interleaved" : "");
+  }
+}
+
+TEST(MatmulInterleavedQ8, OnlyQ8_0IsInterleaved) {
+  std::mt19937 rng(3);
+  for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::Q4_0})
+    EXPECT_EQ(interleave_q8(random_matrix(type, 4, 64, rng).view()), nullptr) << weight_type_name(type);
+  EXPECT_EQ(interleave_q8(random_matrix(WeightType::Q8_0, 4, 64, rng).view()) != nullptr,
+            interleaved_q8_supported());
 }
 
 TEST(Matmul, ZeroTokensWritesNothing) {

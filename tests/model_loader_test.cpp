@@ -1,3 +1,4 @@
+#include "kernels/interleaved_q8.h"
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -316,7 +317,13 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
     EXPECT_EQ(w.token_embedding.type, t);
     EXPECT_EQ(w.classifier.type, t);
     EXPECT_NE(w.classifier.data, w.token_embedding.data);
+    // Q8_0 projections run from interleaved copies where the build has the kernel.
+    const bool interleaved = t == WeightType::Q8_0 && interleaved_q8_supported();
+    EXPECT_EQ(w.classifier.interleaved != nullptr, interleaved);
+    EXPECT_EQ(w.token_embedding.interleaved, nullptr);
     for (const auto& l : w.layers) {
+      for (const WeightMatrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
+        EXPECT_EQ(x->interleaved != nullptr, interleaved);
       EXPECT_EQ(l.wq.type, t);
       EXPECT_EQ(l.wk.type, t);
       EXPECT_EQ(l.w_down.type, t);

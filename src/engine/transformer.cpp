@@ -115,9 +115,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& lw = w.layers[size_t(layer)];
     for (int64_t t = 0; t < n; ++t) rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, lw.attn_norm, dim, c.norm_eps);
-    matmul(lw.wq, xb_.data(), q_.data(), n, &pool_);
-    matmul(lw.wk, xb_.data(), k_.data(), n, &pool_);
-    matmul(lw.wv, xb_.data(), v_.data(), n, &pool_);
+    matmul_shared_input({&lw.wq, &lw.wk, &lw.wv}, {q_.data(), k_.data(), v_.data()}, xb_.data(), n, &pool_);
     const bool pre_rope = cache.k_pre_rope(layer);
     for (int64_t t = 0; t < n; ++t) {
       const TokenSlot& s = slots[size_t(t)];
@@ -193,8 +191,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (int64_t i = 0; i < n * dim; ++i) x_[size_t(i)] += xb_[size_t(i)];
 
     for (int64_t t = 0; t < n; ++t) rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, lw.ffn_norm, dim, c.norm_eps);
-    matmul(lw.w_gate, xb_.data(), hb_.data(), n, &pool_);
-    matmul(lw.w_up, xb_.data(), hb2_.data(), n, &pool_);
+    matmul_shared_input({&lw.w_gate, &lw.w_up}, {hb_.data(), hb2_.data()}, xb_.data(), n, &pool_);
     for (int64_t t = 0; t < n; ++t) silu_mul(hb_.data() + t * hidden, hb2_.data() + t * hidden, hidden);
     matmul(lw.w_down, hb_.data(), xb_.data(), n, &pool_);
     for (int64_t i = 0; i < n * dim; ++i) x_[size_t(i)] += xb_[size_t(i)];

@@ -21,7 +21,9 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/interleaved_q8.h"
 #include "kernels/quantize_q8.h"
+#include "util/error.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
 
@@ -460,6 +462,10 @@ QuantizedRows& activation_scratch() {
 
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPool* pool) {
   if (n <= 0 || w.rows <= 0) return;
+  if (w.interleaved != nullptr) {
+    interleaved_q8_matmul(*w.interleaved, x, y, n, pool);
+    return;
+  }
   MatmulArgs a{&w, x, nullptr, y, n};
   switch (w.type) {
     case WeightType::F32: run<FloatKernel<float>>(a, pool); return;
@@ -477,6 +483,25 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPo
       return;
     }
   }
+}
+
+void matmul_shared_input(std::initializer_list<const WeightMatrix*> ws, std::initializer_list<float*> ys,
+                         const float* x, int64_t n, ThreadPool* pool) {
+  if (ws.size() != ys.size()) fail("matmul_shared_input: {} matrices but {} outputs", ws.size(), ys.size());
+  constexpr int kMax = 4;
+  const InterleavedQ8* packed[kMax];
+  int count = 0;
+  bool all_interleaved = ws.size() <= kMax;
+  for (const WeightMatrix* w : ws) {
+    all_interleaved = all_interleaved && w->interleaved != nullptr;
+    if (all_interleaved) packed[count++] = w->interleaved;
+  }
+  if (all_interleaved) {
+    interleaved_q8_matmul_many(packed, ys.begin(), count, x, n, pool);
+    return;
+  }
+  auto y = ys.begin();
+  for (const WeightMatrix* w : ws) matmul(*w, x, *y++, n, pool);
 }
 
 void matmul_reference(const WeightMatrix& w, const float* x, float* y, int64_t n) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/weight_matrix.h"
 
@@ -16,6 +17,13 @@ class ThreadPool;
 // Q8_0/Q4_0 weights: x is quantized to Q8 blocks on the fly and dot products
 // run in int8 (AVX-512 VNNI / AVX2 when available).
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPool* pool);
+
+// Several projections of the same x (Q, K and V; gate and up) in one call:
+// ys[i] = x · ws[i]ᵀ. When all are interleaved Q8_0 (kernels/interleaved_q8.h)
+// x is quantized once and one parallel_for splits all their rows; otherwise
+// this is one matmul per matrix. REQUIRES: equal cols.
+void matmul_shared_input(std::initializer_list<const WeightMatrix*> ws, std::initializer_list<float*> ys,
+                         const float* x, int64_t n, ThreadPool* pool);
 
 // Plain scalar reference for tests: dequantizes each weight, accumulates in
 // double. Same shapes as matmul.

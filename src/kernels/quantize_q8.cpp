@@ -21,7 +21,7 @@ constexpr int64_t kParallelMinValues = 1 << 16;
 // Both paths compute id = 1 / (amax / 127) and q = round-to-nearest-even(x * id),
 // so the SIMD and scalar builds quantize bit-identically.
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-void quantize_block(const float* x, int8_t* q, float* d) {
+void quantize_block_impl(const float* x, int8_t* q, float* d) {
   const __m512 lo = _mm512_loadu_ps(x);
   const __m512 hi = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -35,7 +35,7 @@ void quantize_block(const float* x, int8_t* q, float* d) {
   *d = scale;
 }
 #else
-void quantize_block(const float* x, int8_t* q, float* d) {
+void quantize_block_impl(const float* x, int8_t* q, float* d) {
   float amax = 0.0f;
   for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float scale = amax / 127.0f;
@@ -46,7 +46,7 @@ void quantize_block(const float* x, int8_t* q, float* d) {
 #endif
 
 void quantize_row(const float* x, int64_t blocks, int64_t padded_blocks, int8_t* q, float* d) {
-  for (int64_t b = 0; b < blocks; ++b) quantize_block(x + b * kBlock, q + b * kBlock, d + b);
+  for (int64_t b = 0; b < blocks; ++b) quantize_block_q8(x + b * kBlock, q + b * kBlock, d + b);
   for (int64_t b = blocks; b < padded_blocks; ++b) {
     std::memset(q + b * kBlock, 0, kBlock);
     d[b] = 0.0f;
@@ -54,6 +54,8 @@ void quantize_row(const float* x, int64_t blocks, int64_t padded_blocks, int8_t*
 }
 
 }  // namespace
+
+void quantize_block_q8(const float* x, int8_t* q, float* d) { quantize_block_impl(x, q, d); }
 
 void quantize_rows_q8(const float* x, int64_t n, int64_t cols, ThreadPool* pool,
                       QuantizedRows& out) {

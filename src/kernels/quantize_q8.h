@@ -25,6 +25,9 @@ struct QuantizedRows {
   const float* row_d(int64_t t) const { return d.data() + t * padded_blocks; }
 };
 
+// One block of 32 values: q = round(x / d), d = max|x| / 127 (0 for a zero block).
+void quantize_block_q8(const float* x, int8_t* q, float* d);
+
 // Quantizes x: (n, cols) floats into out, reusing out's buffers when they are
 // large enough. Splits rows across pool (may be null) when the work is large.
 // REQUIRES: cols % 32 == 0.

@@ -19,6 +19,8 @@ enum class WeightType : uint8_t {
 
 constexpr int kQuantBlock = 32;  // values per Q8_0 / Q4_0 block
 
+struct InterleavedQ8;
+
 std::string_view weight_type_name(WeightType t);
 
 // Bytes of one row of `cols` values. REQUIRES: cols % 32 == 0 for Q8_0/Q4_0.
@@ -29,6 +31,9 @@ struct WeightMatrix {
   const void* data = nullptr;  // (rows, cols) in `type`'s layout
   int64_t rows = 0;            // output features
   int64_t cols = 0;            // input features
+  // Optional copy of a Q8_0 matrix laid out for the batched VNNI kernel
+  // (kernels/interleaved_q8.h); matmul uses it when set. Owned elsewhere.
+  const InterleavedQ8* interleaved = nullptr;
 
   size_t row_bytes() const { return weight_row_bytes(type, cols); }
   size_t bytes() const { return row_bytes() * size_t(rows); }

@@ -3,8 +3,10 @@
 #include <xxhash.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
+#include "kernels/interleaved_q8.h"
 #include "model/gguf_reader.h"
 #include "util/error.h"
 
@@ -54,6 +56,8 @@ const std::string& Model::fingerprint() const {
     const int type = int(w.type);
     XXH3_128bits_update(state, &type, sizeof type);
     XXH3_128bits_update(state, w.data, w.bytes());
+    // Hashing paged the copied weights back in; drop them again.
+    if (w.interleaved != nullptr && w.data != weights_.token_embedding.data) MappedFile::release(w.data, w.bytes());
   };
   auto norm = [&](const float* x) { XXH3_128bits_update(state, x, size_t(c.dim) * sizeof(float)); };
   matrix(weights_.token_embedding);
@@ -89,6 +93,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
   } else {
     model->load_llama2c(path);
   }
+  model->interleave_weights();
   if (!tokenizer_path.empty()) {
     // A GGUF file can serve as a tokenizer too (a vocab-only GGUF, say).
     uint32_t tok_magic = 0;
@@ -104,6 +109,22 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
     fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", path,
          model->tokenizer_->vocab_size(), model->config_.vocab_size);
   return model;
+}
+
+void Model::interleave_weights() {
+  const char* env = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
+  if (!interleaved_q8_supported() || (env != nullptr && std::string_view(env) == "0")) return;
+  auto interleave = [&](WeightMatrix& w, bool release) {
+    std::unique_ptr<InterleavedQ8> copy = interleave_q8(w);
+    if (!copy) return;
+    w.interleaved = copy.get();
+    interleaved_.push_back(std::move(copy));
+    if (release) MappedFile::release(w.data, w.bytes());
+  };
+  for (LayerWeights& l : weights_.layers)
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up}) interleave(*w, true);
+  // A classifier tied to the embedding keeps its pages: lookups read them.
+  interleave(weights_.classifier, weights_.classifier.data != weights_.token_embedding.data);
 }
 
 void Model::load_gguf(const std::string& path) {

@@ -20,6 +20,11 @@ class MappedFile {
   size_t size() const { return size_; }  // in bytes
   const std::string& path() const { return path_; }
 
+  // Drops the whole pages inside [p, p + bytes) from this process's resident
+  // memory (the file is unchanged; a later read pages them back in). For
+  // data the process now holds a copy of.
+  static void release(const void* p, size_t bytes);
+
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;

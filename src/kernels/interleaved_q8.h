@@ -1,0 +1,56 @@
+// Q8_0 weights re-laid for batched matmul on AVX-512 VNNI: 16 rows side by
+// side, one per 32-bit lane.
+//
+// Why: with rows in the checkpoint's layout, every (row, token, block) dot
+// product ends in its own convert, scale product and FMA: about four vector
+// operations per vpdpbusd, which made a 16-token decode step compute-bound.
+// With 16 rows in the lanes of one register, one vpdpbusd advances 16 rows by 4
+// values each against a broadcast of 4 activation bytes; a block's 8 of them
+// then share one convert, one scale product and one FMA for all 16 rows.
+// llama.cpp repacks Q4_0 for its ARM and x86 GEMMs at load time for the same
+// reason. The copy replaces the checkpoint's pages in memory (Model releases
+// them), so weights still cost their Q8_0 bytes once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/weight_matrix.h"
+#include "util/aligned_buffer.h"
+
+namespace kvserve {
+
+class ThreadPool;
+
+struct InterleavedQ8 {
+  static constexpr int kRows = 16;  // rows per group: one per int32 lane
+  int64_t rows = 0, cols = 0;
+  int64_t groups = 0;  // ceil(rows / 16); rows past `rows` are zero
+  int64_t blocks = 0;  // cols / 32
+  // (groups, blocks, 8 steps, 16 rows, 4 bytes): step i of block b holds
+  // values 4i..4i+3 of each row's block b, as unsigned bytes q + 128.
+  AlignedBuffer<uint8_t> qs;
+  AlignedBuffer<uint16_t> d;  // (groups, blocks, 16 rows): fp16 scales
+
+  size_t bytes() const { return qs.size() + d.size() * sizeof(uint16_t); }
+};
+
+// Whether this build has the interleaved kernel (AVX-512 with VNNI).
+bool interleaved_q8_supported();
+
+// A copy of w in the interleaved layout; null when w is not Q8_0 or the build
+// lacks the kernel (matmul then runs on the checkpoint's layout).
+std::unique_ptr<InterleavedQ8> interleave_q8(const WeightMatrix& w);
+
+// y = x · Wᵀ as matmul() defines it: x (n, cols), y (n, rows).
+// REQUIRES: interleaved_q8_supported().
+void interleaved_q8_matmul(const InterleavedQ8& w, const float* x, float* y, int64_t n,
+                           ThreadPool* pool);
+
+// Several matrices with the same cols over one x (Q, K and V; gate and up):
+// x is quantized once and one parallel_for splits all their rows.
+// ys[i] receives (n, ws[i]->rows).
+void interleaved_q8_matmul_many(const InterleavedQ8* const* ws, float* const* ys, int count,
+                                const float* x, int64_t n, ThreadPool* pool);
+
+}  // namespace kvserve
