@@ -14,9 +14,10 @@
 
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <vector>
 
-#include "kernels/interleaved_q8.h"
+#include "kernels/interleaved_weights.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_matrix.h"
 #include "util/aligned_buffer.h"
@@ -132,25 +133,26 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matmul)->Apply(matmul_args);
 
-// The same Q8_0 matrices through their interleaved copies (what Model loads
-// on AVX-512 VNNI machines). Args: rows, cols, n, threads.
-void BM_MatmulInterleavedQ8(benchmark::State& state) {
-  const int64_t rows = state.range(0), cols = state.range(1), n = state.range(2);
-  const int threads = int(state.range(3));
-  if (!interleaved_q8_supported()) {
+// The same Q8_0/Q4_0 matrices through their interleaved copies (what Model
+// loads on AVX-512 VNNI machines). Args: weight type, rows, cols, n, threads.
+void BM_MatmulInterleaved(benchmark::State& state) {
+  const auto type = WeightType(state.range(0));
+  const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
+  const int threads = int(state.range(4));
+  if (!interleaved_weights_supported()) {
     state.SkipWithError("no AVX-512 VNNI kernel in this build");
     return;
   }
   // Built from one plain set at a time, then the plain copies are dropped.
-  static std::vector<std::unique_ptr<InterleavedQ8>> packed;
-  static std::pair<int64_t, int64_t> packed_shape;
-  if (packed.empty() || packed_shape != std::pair{rows, cols}) {
+  static std::vector<std::unique_ptr<InterleavedWeights>> packed;
+  static std::tuple<WeightType, int64_t, int64_t> packed_shape;
+  if (packed.empty() || packed_shape != std::tuple{type, rows, cols}) {
     packed.clear();
     {
-      const WeightSet plain(WeightType::Q8_0, rows, cols);
-      for (size_t i = 0; i < plain.copies.size(); ++i) packed.push_back(interleave_q8(plain.matrix(i)));
+      const WeightSet plain(type, rows, cols);
+      for (size_t i = 0; i < plain.copies.size(); ++i) packed.push_back(make_interleaved(plain.matrix(i)));
     }
-    packed_shape = {rows, cols};
+    packed_shape = {type, rows, cols};
   }
   std::unique_ptr<ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
@@ -159,21 +161,21 @@ void BM_MatmulInterleavedQ8(benchmark::State& state) {
   for (auto& v : x) v = float(int64_t(next_random(seed) % 2001) - 1000) / 1000.0f;
   size_t i = 0;
   for (auto _ : state) {
-    const InterleavedQ8& w = *packed[i++ % packed.size()];
-    interleaved_q8_matmul(w, x.data(), y.data(), n, pool.get());
+    interleaved_matmul(*packed[i++ % packed.size()], x.data(), y.data(), n, pool.get());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
   const double calls = double(state.iterations());
-  state.SetBytesProcessed(int64_t(calls * double(weight_row_bytes(WeightType::Q8_0, cols) * size_t(rows))));
+  state.SetBytesProcessed(int64_t(calls * double(weight_row_bytes(type, cols) * size_t(rows))));
   state.counters["flops"] = benchmark::Counter(calls * 2.0 * double(rows) * double(cols) * double(n),
                                                benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(weight_type_name(type)) + " interleaved");
 }
-BENCHMARK(BM_MatmulInterleavedQ8)
-    ->ArgNames({"rows", "cols", "n", "threads"})
-    ->ArgsProduct({{4096}, {1536}, {1, 16, 64, 512}, {1, 2}})
-    ->Args({1536, 4096, 1, 2})
-    ->Args({1536, 4096, 16, 2})
+BENCHMARK(BM_MatmulInterleaved)
+    ->ArgNames({"type", "rows", "cols", "n", "threads"})
+    ->ArgsProduct({{int64_t(WeightType::Q8_0), int64_t(WeightType::Q4_0)}, {4096}, {1536}, {1, 16, 64, 512}, {1, 2}})
+    ->Args({int64_t(WeightType::Q8_0), 1536, 4096, 1, 2})
+    ->Args({int64_t(WeightType::Q8_0), 1536, 4096, 16, 2})
     ->UseRealTime();
 
 // Prefill-sized batch, to see compute efficiency with a large n.

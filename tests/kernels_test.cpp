@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/interleaved_q8.h"
+#include "kernels/interleaved_weights.h"
 #include "kernels/matmul.h"
 #include "kernels/quantize_q8.h"
 #include "kernels/vector_ops.h"
@@ -207,14 +207,14 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// interleave: run the Q8_0 matrix through its interleaved copy.
+// interleave: run the Q8_0/Q4_0 matrix through its interleaved copy.
 void check_matmul(WeightType type, Shape s, int64_t n, int threads, bool interleave = false) {
   std::mt19937 rng(uint32_t(s.rows * 1000 + s.cols * 10 + n));
   const TestMatrix m = random_matrix(type, s.rows, s.cols, rng);
   WeightMatrix w = m.view();
-  std::unique_ptr<InterleavedQ8> packed;
+  std::unique_ptr<InterleavedWeights> packed;
   if (interleave) {
-    packed = interleave_q8(w);
+    packed = make_interleaved(w);
     ASSERT_NE(packed, nullptr);
     w.interleaved = packed.get();
   }
@@ -298,24 +298,26 @@ TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
   }
 }
 
-// The interleaved Q8_0 copy (AVX-512 VNNI builds): rows off the 16-row group,
-// token counts off the 16-token tile and the 64-token chunk.
-TEST(MatmulInterleavedQ8, MatchesReferenceWithinBound) {
-  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+// The interleaved Q8_0/Q4_0 copies (AVX-512 VNNI builds): rows off the 16-row
+// group, token counts off the 16-token tile and the 64-token chunk.
+class MatmulInterleaved : public ::testing::TestWithParam<WeightType> {};
+
+TEST_P(MatmulInterleaved, MatchesReferenceWithinBound) {
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
   for (Shape s : std::vector<Shape>{{1, 32}, {13, 64}, {16, 96}, {37, 160}, {130, 256}, {67, 544}})
     for (int64_t n : {1, 3, 15, 16, 17, 64, 70, 130})
-      for (int threads : {1, 2, 3}) check_matmul(WeightType::Q8_0, s, n, threads, true);
+      for (int threads : {1, 2, 3}) check_matmul(GetParam(), s, n, threads, true);
 }
 
-TEST(MatmulInterleavedQ8, ExactWhenActivationsAreRepresentable) {
-  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
   std::mt19937 rng(5);
   const int64_t rows = 29, cols = 160, n = 19;
-  const TestMatrix m = random_matrix(WeightType::Q8_0, rows, cols, rng);
+  const TestMatrix m = random_matrix(GetParam(), rows, cols, rng);
   std::uniform_int_distribution<int> q(-127, 127);
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (size_t i = 0; i < x.size(); ++i) x[i] = i % 32 == 5 ? (i % 64 == 5 ? 127.0f : -127.0f) : float(q(rng));
-  const auto packed = interleave_q8(m.view());
+  const auto packed = make_interleaved(m.view());
   WeightMatrix w = m.view();
   w.interleaved = packed.get();
   std::vector<float> want(static_cast<size_t>(n * rows)), got(static_cast<size_t>(n * rows), NAN);
@@ -331,11 +333,11 @@ TEST(MatmulInterleavedQ8, ExactWhenActivationsAreRepresentable) {
   }
 }
 
-TEST(MatmulInterleavedQ8, ThreadedResultIsIdenticalToSingleThreaded) {
-  if (!interleaved_q8_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+TEST_P(MatmulInterleaved, ThreadedResultIsIdenticalToSingleThreaded) {
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
   std::mt19937 rng(12);
-  const TestMatrix m = random_matrix(WeightType::Q8_0, 203, 320, rng);
-  const auto packed = interleave_q8(m.view());
+  const TestMatrix m = random_matrix(GetParam(), 203, 320, rng);
+  const auto packed = make_interleaved(m.view());
   WeightMatrix w = m.view();
   w.interleaved = packed.get();
   const std::vector<float> x = random_activations(21, 320, rng);
@@ -346,21 +348,28 @@ TEST(MatmulInterleavedQ8, ThreadedResultIsIdenticalToSingleThreaded) {
   EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0);
 }
 
+INSTANTIATE_TEST_SUITE_P(QuantizedTypes, MatmulInterleaved,
+                         ::testing::Values(WeightType::Q8_0, WeightType::Q4_0),
+                         [](const auto& info) { return std::string(weight_type_name(info.param)); });
+
 // Q, K and V in one call: each output bit-identical to its own matmul, with
-// and without the interleaved copies, and for shapes off the 16-row group.
+// and without the interleaved copies, for shapes off the 16-row group and a
+// mix of Q8_0 and Q4_0.
 TEST(MatmulSharedInput, EqualsOneMatmulPerMatrix) {
   std::mt19937 rng(21);
   const int64_t cols = 192, n = 18;
   std::vector<TestMatrix> ms;
-  for (int64_t rows : {64, 21, 37}) ms.push_back(random_matrix(WeightType::Q8_0, rows, cols, rng));
+  ms.push_back(random_matrix(WeightType::Q8_0, 64, cols, rng));
+  ms.push_back(random_matrix(WeightType::Q4_0, 21, cols, rng));
+  ms.push_back(random_matrix(WeightType::Q8_0, 37, cols, rng));
   const std::vector<float> x = random_activations(n, cols, rng);
   for (bool interleave : {false, true}) {
-    std::vector<std::unique_ptr<InterleavedQ8>> packed;
+    std::vector<std::unique_ptr<InterleavedWeights>> packed;
     std::vector<WeightMatrix> w;
     for (const TestMatrix& m : ms) {
       w.push_back(m.view());
-      if (interleave && interleaved_q8_supported()) {
-        packed.push_back(interleave_q8(w.back()));
+      if (interleave && interleaved_weights_supported()) {
+        packed.push_back(make_interleaved(w.back()));
         w.back().interleaved = packed.back().get();
       }
     }
@@ -379,12 +388,13 @@ TEST(MatmulSharedInput, EqualsOneMatmulPerMatrix) {
   }
 }
 
-TEST(MatmulInterleavedQ8, OnlyQ8_0IsInterleaved) {
+TEST(MatmulInterleavedTypes, OnlyBlockQuantizedTypesAreInterleaved) {
   std::mt19937 rng(3);
-  for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::Q4_0})
-    EXPECT_EQ(interleave_q8(random_matrix(type, 4, 64, rng).view()), nullptr) << weight_type_name(type);
-  EXPECT_EQ(interleave_q8(random_matrix(WeightType::Q8_0, 4, 64, rng).view()) != nullptr,
-            interleaved_q8_supported());
+  for (WeightType type : {WeightType::F32, WeightType::F16})
+    EXPECT_EQ(make_interleaved(random_matrix(type, 4, 64, rng).view()), nullptr) << weight_type_name(type);
+  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0})
+    EXPECT_EQ(make_interleaved(random_matrix(type, 4, 64, rng).view()) != nullptr, interleaved_weights_supported())
+        << weight_type_name(type);
 }
 
 TEST(Matmul, ZeroTokensWritesNothing) {

@@ -1,4 +1,4 @@
-#include "kernels/interleaved_q8.h"
+#include "kernels/interleaved_weights.h"
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -317,8 +317,9 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
     EXPECT_EQ(w.token_embedding.type, t);
     EXPECT_EQ(w.classifier.type, t);
     EXPECT_NE(w.classifier.data, w.token_embedding.data);
-    // Q8_0 projections run from interleaved copies where the build has the kernel.
-    const bool interleaved = t == WeightType::Q8_0 && interleaved_q8_supported();
+    // Q8_0/Q4_0 projections run from interleaved copies where the build has the kernel.
+    const bool interleaved =
+        (t == WeightType::Q8_0 || t == WeightType::Q4_0) && interleaved_weights_supported();
     EXPECT_EQ(w.classifier.interleaved != nullptr, interleaved);
     EXPECT_EQ(w.token_embedding.interleaved, nullptr);
     for (const auto& l : w.layers) {

@@ -21,7 +21,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/interleaved_q8.h"
+#include "kernels/interleaved_weights.h"
 #include "kernels/quantize_q8.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -463,7 +463,7 @@ QuantizedRows& activation_scratch() {
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPool* pool) {
   if (n <= 0 || w.rows <= 0) return;
   if (w.interleaved != nullptr) {
-    interleaved_q8_matmul(*w.interleaved, x, y, n, pool);
+    interleaved_matmul(*w.interleaved, x, y, n, pool);
     return;
   }
   MatmulArgs a{&w, x, nullptr, y, n};
@@ -489,7 +489,7 @@ void matmul_shared_input(std::initializer_list<const WeightMatrix*> ws, std::ini
                          const float* x, int64_t n, ThreadPool* pool) {
   if (ws.size() != ys.size()) fail("matmul_shared_input: {} matrices but {} outputs", ws.size(), ys.size());
   constexpr int kMax = 4;
-  const InterleavedQ8* packed[kMax];
+  const InterleavedWeights* packed[kMax];
   int count = 0;
   bool all_interleaved = ws.size() <= kMax;
   for (const WeightMatrix* w : ws) {
@@ -497,7 +497,7 @@ void matmul_shared_input(std::initializer_list<const WeightMatrix*> ws, std::ini
     if (all_interleaved) packed[count++] = w->interleaved;
   }
   if (all_interleaved) {
-    interleaved_q8_matmul_many(packed, ys.begin(), count, x, n, pool);
+    interleaved_matmul_many(packed, ys.begin(), count, x, n, pool);
     return;
   }
   auto y = ys.begin();

@@ -19,7 +19,7 @@ class ThreadPool;
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPool* pool);
 
 // Several projections of the same x (Q, K and V; gate and up) in one call:
-// ys[i] = x · ws[i]ᵀ. When all are interleaved Q8_0 (kernels/interleaved_q8.h)
+// ys[i] = x · ws[i]ᵀ. When all are interleaved Q8_0 (kernels/interleaved_weights.h)
 // x is quantized once and one parallel_for splits all their rows; otherwise
 // this is one matmul per matrix. REQUIRES: equal cols.
 void matmul_shared_input(std::initializer_list<const WeightMatrix*> ws, std::initializer_list<float*> ys,

@@ -19,7 +19,7 @@ enum class WeightType : uint8_t {
 
 constexpr int kQuantBlock = 32;  // values per Q8_0 / Q4_0 block
 
-struct InterleavedQ8;
+struct InterleavedWeights;
 
 std::string_view weight_type_name(WeightType t);
 
@@ -32,8 +32,8 @@ struct WeightMatrix {
   int64_t rows = 0;            // output features
   int64_t cols = 0;            // input features
   // Optional copy of a Q8_0 matrix laid out for the batched VNNI kernel
-  // (kernels/interleaved_q8.h); matmul uses it when set. Owned elsewhere.
-  const InterleavedQ8* interleaved = nullptr;
+  // (kernels/interleaved_weights.h); matmul uses it when set. Owned elsewhere.
+  const InterleavedWeights* interleaved = nullptr;
 
   size_t row_bytes() const { return weight_row_bytes(type, cols); }
   size_t bytes() const { return row_bytes() * size_t(rows); }

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/interleaved_q8.h"
+#include "kernels/interleaved_weights.h"
 #include "model/gguf_reader.h"
 #include "util/error.h"
 
@@ -113,9 +113,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
 
 void Model::interleave_weights() {
   const char* env = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
-  if (!interleaved_q8_supported() || (env != nullptr && std::string_view(env) == "0")) return;
+  if (!interleaved_weights_supported() || (env != nullptr && std::string_view(env) == "0")) return;
   auto interleave = [&](WeightMatrix& w, bool release) {
-    std::unique_ptr<InterleavedQ8> copy = interleave_q8(w);
+    std::unique_ptr<InterleavedWeights> copy = make_interleaved(w);
     if (!copy) return;
     w.interleaved = copy.get();
     interleaved_.push_back(std::move(copy));

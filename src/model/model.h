@@ -15,7 +15,7 @@
 namespace kvserve {
 
 class GgufFile;
-struct InterleavedQ8;
+struct InterleavedWeights;
 
 struct LayerWeights {
   const float* attn_norm = nullptr;  // (dim)
@@ -68,7 +68,7 @@ class Model {
   void load_gguf(const std::string& path);
   void load_llama2c(const std::string& path);
   // Gives every Q8_0 projection its interleaved copy for the batched VNNI
-  // kernel (kernels/interleaved_q8.h) and releases the mapped pages it copied.
+  // kernel (kernels/interleaved_weights.h) and releases the mapped pages it copied.
   // Skipped when the build lacks the kernel or KVSERVE_INTERLEAVE_WEIGHTS=0
   // (kept for A/B measurements).
   void interleave_weights();
@@ -80,7 +80,7 @@ class Model {
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<GgufFile> gguf_;        // keeps GGUF tensors mapped
   std::unique_ptr<MappedFile> raw_file_;  // keeps llama2.c tensors mapped
-  std::vector<std::unique_ptr<InterleavedQ8>> interleaved_;  // owned copies the matrices point at
+  std::vector<std::unique_ptr<InterleavedWeights>> interleaved_;  // owned copies the matrices point at
   mutable std::string fingerprint_;       // cached by fingerprint()
 };
 

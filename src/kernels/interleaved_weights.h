@@ -1,5 +1,5 @@
-// Q8_0 weights re-laid for batched matmul on AVX-512 VNNI: 16 rows side by
-// side, one per 32-bit lane.
+// Q8_0 and Q4_0 weights re-laid for batched matmul on AVX-512 VNNI: 16 rows
+// side by side, one per 32-bit lane.
 //
 // Why: with rows in the checkpoint's layout, every (row, token, block) dot
 // product ends in its own convert, scale product and FMA: about four vector
@@ -9,7 +9,7 @@
 // then share one convert, one scale product and one FMA for all 16 rows.
 // llama.cpp repacks Q4_0 for its ARM and x86 GEMMs at load time for the same
 // reason. The copy replaces the checkpoint's pages in memory (Model releases
-// them), so weights still cost their Q8_0 bytes once.
+// them), so weights still cost their checkpoint bytes once.
 #pragma once
 
 #include <cstdint>
@@ -22,13 +22,16 @@ namespace kvserve {
 
 class ThreadPool;
 
-struct InterleavedQ8 {
+struct InterleavedWeights {
   static constexpr int kRows = 16;  // rows per group: one per int32 lane
+  WeightType type = WeightType::Q8_0;  // Q8_0 or Q4_0
   int64_t rows = 0, cols = 0;
   int64_t groups = 0;  // ceil(rows / 16); rows past `rows` are zero
   int64_t blocks = 0;  // cols / 32
-  // (groups, blocks, 8 steps, 16 rows, 4 bytes): step i of block b holds
-  // values 4i..4i+3 of each row's block b, as unsigned bytes q + 128.
+  // Per (group, block), steps of 16 rows x 4 bytes, all unsigned:
+  //   Q8_0: 8 steps; step i holds values 4i..4i+3 of each row as q + 128.
+  //   Q4_0: 4 steps; step i holds bytes 4i..4i+3 of each row's 16 nibble
+  //         bytes as stored (low nibble: value k, high: value k + 16; q + 8).
   AlignedBuffer<uint8_t> qs;
   AlignedBuffer<uint16_t> d;  // (groups, blocks, 16 rows): fp16 scales
 
@@ -36,21 +39,21 @@ struct InterleavedQ8 {
 };
 
 // Whether this build has the interleaved kernel (AVX-512 with VNNI).
-bool interleaved_q8_supported();
+bool interleaved_weights_supported();
 
-// A copy of w in the interleaved layout; null when w is not Q8_0 or the build
-// lacks the kernel (matmul then runs on the checkpoint's layout).
-std::unique_ptr<InterleavedQ8> interleave_q8(const WeightMatrix& w);
+// A copy of w in the interleaved layout; null when w is not Q8_0/Q4_0 or the
+// build lacks the kernel (matmul then runs on the checkpoint's layout).
+std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w);
 
 // y = x · Wᵀ as matmul() defines it: x (n, cols), y (n, rows).
-// REQUIRES: interleaved_q8_supported().
-void interleaved_q8_matmul(const InterleavedQ8& w, const float* x, float* y, int64_t n,
+// REQUIRES: interleaved_weights_supported().
+void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, int64_t n,
                            ThreadPool* pool);
 
-// Several matrices with the same cols over one x (Q, K and V; gate and up):
+// Several matrices with the same cols (any mix of Q8_0 and Q4_0) over one x (Q, K and V; gate and up):
 // x is quantized once and one parallel_for splits all their rows.
 // ys[i] receives (n, ws[i]->rows).
-void interleaved_q8_matmul_many(const InterleavedQ8* const* ws, float* const* ys, int count,
+void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count,
                                 const float* x, int64_t n, ThreadPool* pool);
 
 }  // namespace kvserve

@@ -1,11 +1,12 @@
-// Interleaved Q8_0 matmul: packing, activation tiles and the VNNI kernel.
+// Interleaved Q8_0/Q4_0 matmul: packing, activation tiles and the VNNI kernel.
 //
 // vpdpbusd multiplies unsigned by signed bytes. Here the weights are the
-// unsigned operand (q + 128, stored so) and the activations the signed one, so
-//   sum (q + 128) x = sum q x + 128 sum x,
-// and the correction -128 sum x depends on (token, block) only: it is computed
-// when the activations are quantized and seeds the block's integer sum.
-#include "kernels/interleaved_q8.h"
+// unsigned operand (q + off: off = 128 for Q8_0, stored so; 8 for Q4_0's raw
+// nibbles) and the activations the signed one, so
+//   sum (q + off) x = sum q x + off sum x,
+// and the correction -off sum x depends on (token, block) only: sum x is
+// computed when the activations are quantized and seeds the block's sum.
+#include "kernels/interleaved_weights.h"
 
 #include "util/simd.h"
 
@@ -20,13 +21,15 @@ namespace kvserve {
 
 namespace {
 
-constexpr int kGroupRows = InterleavedQ8::kRows;
+constexpr int kGroupRows = InterleavedWeights::kRows;
 constexpr int kTileTokens = 16;       // tokens per kernel call: 16 accumulators + 8 weight vectors
 constexpr int64_t kTokenChunk = 64;   // tokens whose tiles reuse a group's weights from L1/L2
 constexpr int64_t kBlockValues = 32;
-constexpr int64_t kStepBytes = 64;    // one vector: 4 values of each of 16 rows
-constexpr int64_t kBlockBytes = 8 * kStepBytes;
-constexpr int64_t kQ8BlockBytes = 34;
+constexpr int64_t kStepBytes = 64;    // one vector: 4 bytes of each of 16 rows
+constexpr int64_t kQ8Steps = 8;       // steps per block (see InterleavedWeights::qs)
+constexpr int64_t kQ4Steps = 4;
+
+int64_t steps_per_block(WeightType t) { return t == WeightType::Q8_0 ? kQ8Steps : kQ4Steps; }
 constexpr int64_t kParallelMinValues = 1 << 16;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -36,12 +39,12 @@ constexpr int64_t kParallelMinValues = 1 << 16;
 
 // Activations for the kernel, in tiles of 16 tokens so that a tile's block b
 // is one contiguous run: (tiles, blocks, 16 tokens) of 32 quants, a scale and
-// the seed -128 * sum q.
+// sum q.
 struct ActivationTiles {
   int64_t n = 0, blocks = 0;
   AlignedBuffer<int8_t> qs;
   AlignedBuffer<float> d;
-  AlignedBuffer<int32_t> seed;
+  AlignedBuffer<int32_t> sum;
 
   size_t slot(int64_t t, int64_t b) const {
     return size_t(((t / kTileTokens) * blocks + b) * kTileTokens + t % kTileTokens);
@@ -63,7 +66,7 @@ void quantize_tiles(const float* x, int64_t n, int64_t cols, ThreadPool* pool, A
   if (out.d.size() < slots) {
     out.qs.resize(slots * kBlockValues);
     out.d.resize(slots);
-    out.seed.resize(slots);
+    out.sum.resize(slots);
   }
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
@@ -71,7 +74,7 @@ void quantize_tiles(const float* x, int64_t n, int64_t cols, ThreadPool* pool, A
         const size_t s = out.slot(t, b);
         int8_t* q = out.qs.data() + s * kBlockValues;
         quantize_block_q8(x + t * cols + b * kBlockValues, q, out.d.data() + s);
-        out.seed[s] = -128 * block_sum(q);
+        out.sum[s] = block_sum(q);
       }
     }
   };
@@ -94,16 +97,41 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// The unsigned weight vectors of one block in value order: vector i holds
+// values 4i..4i+3 of each of the 16 rows.
+struct Q8Block {
+  static constexpr int kOffset = 128;
+  static constexpr int64_t kBytes = kQ8Steps * kStepBytes;
+  static void load(const uint8_t* p, __m512i (&wv)[8]) {
+    KVSERVE_UNROLL
+    for (int i = 0; i < 8; ++i) wv[i] = _mm512_load_si512(p + i * kStepBytes);
+  }
+};
+
+struct Q4Block {
+  static constexpr int kOffset = 8;
+  static constexpr int64_t kBytes = kQ4Steps * kStepBytes;
+  static void load(const uint8_t* p, __m512i (&wv)[8]) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    KVSERVE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m512i v = _mm512_load_si512(p + i * kStepBytes);
+      wv[i] = _mm512_and_si512(v, low);                             // values 4i..4i+3
+      wv[i + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);  // values 16+4i..
+    }
+  }
+};
+
 // Rows [16 g, 16 g + 16) for tokens [t0, t0 + T) of one tile.
-template <int T>
-void group_tile(const InterleavedQ8& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
+template <class B, int T>
+void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
   const int64_t nb = w.blocks;
-  const uint8_t* wq = w.qs.data() + size_t(g * nb * kBlockBytes);
+  const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
   const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
   const size_t first = a.slot(t0, 0);
   const int8_t* xq = a.qs.data() + first * kBlockValues;
   const float* xd = a.d.data() + first;
-  const int32_t* xs = a.seed.data() + first;
+  const int32_t* xs = a.sum.data() + first;
 
   __m512 out[T];
   KVSERVE_UNROLL
@@ -111,17 +139,16 @@ void group_tile(const InterleavedQ8& w, const ActivationTiles& a, int64_t g, int
   for (int64_t b = 0; b < nb; ++b) {
     // Eight blocks ahead: the group's weights are one sequential stream.
     KVSERVE_UNROLL
-    for (int i = 0; i < 8; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(wq + 8 * kBlockBytes + i * kStepBytes), _MM_HINT_T0);
+    for (int64_t off = 0; off < B::kBytes; off += kStepBytes)
+      _mm_prefetch(reinterpret_cast<const char*>(wq + 8 * B::kBytes + off), _MM_HINT_T0);
     __m512i wv[8];
-    KVSERVE_UNROLL
-    for (int i = 0; i < 8; ++i) wv[i] = _mm512_load_si512(wq + i * kStepBytes);
+    B::load(wq, wv);
     const __m512 scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(wd)));
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) {
       const int8_t* xt = xq + t * kBlockValues;
       // Two chains of four halve the dependent vpdpbusd latency per token.
-      __m512i s0 = _mm512_set1_epi32(xs[t]);
+      __m512i s0 = _mm512_set1_epi32(-B::kOffset * xs[t]);
       __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(load_i32(xt + 4)));
       s0 = _mm512_dpbusd_epi32(s0, wv[0], _mm512_set1_epi32(load_i32(xt)));
       KVSERVE_UNROLL
@@ -132,7 +159,7 @@ void group_tile(const InterleavedQ8& w, const ActivationTiles& a, int64_t g, int
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
       out[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(xd[t])), out[t]);
     }
-    wq += kBlockBytes;
+    wq += B::kBytes;
     wd += kGroupRows;
     xq += kTileTokens * kBlockValues;
     xd += kTileTokens;
@@ -145,13 +172,17 @@ void group_tile(const InterleavedQ8& w, const ActivationTiles& a, int64_t g, int
 }
 
 template <int... Ts>
-void dispatch_tile(int tokens, const InterleavedQ8& w, const ActivationTiles& a, int64_t g, int64_t t0,
+void dispatch_tile(int tokens, const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0,
                    float* y, std::integer_sequence<int, Ts...>) {
-  ((tokens == Ts + 1 ? group_tile<Ts + 1>(w, a, g, t0, y) : void()), ...);
+  if (w.type == WeightType::Q8_0) {
+    ((tokens == Ts + 1 ? group_tile<Q8Block, Ts + 1>(w, a, g, t0, y) : void()), ...);
+  } else {
+    ((tokens == Ts + 1 ? group_tile<Q4Block, Ts + 1>(w, a, g, t0, y) : void()), ...);
+  }
 }
 
 // Groups [begin, end) of the matrices laid end to end, for all tokens.
-void run_groups(const InterleavedQ8* const* ws, float* const* ys, const ActivationTiles& a, int64_t begin,
+void run_groups(const InterleavedWeights* const* ws, float* const* ys, const ActivationTiles& a, int64_t begin,
                 int64_t end) {
   for (int64_t c0 = 0; c0 < a.n; c0 += kTokenChunk) {
     const int64_t c1 = std::min(a.n, c0 + kTokenChunk);
@@ -172,7 +203,7 @@ void run_groups(const InterleavedQ8* const* ws, float* const* ys, const Activati
 
 }  // namespace
 
-bool interleaved_q8_supported() {
+bool interleaved_weights_supported() {
 #if defined(KVSERVE_INTERLEAVED_Q8)
   return true;
 #else
@@ -180,38 +211,48 @@ bool interleaved_q8_supported() {
 #endif
 }
 
-std::unique_ptr<InterleavedQ8> interleave_q8(const WeightMatrix& w) {
-  if (!interleaved_q8_supported() || w.type != WeightType::Q8_0 || w.rows <= 0) return nullptr;
-  auto p = std::make_unique<InterleavedQ8>();
+std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
+  if (!interleaved_weights_supported() || w.rows <= 0) return nullptr;
+  if (w.type != WeightType::Q8_0 && w.type != WeightType::Q4_0) return nullptr;
+  auto p = std::make_unique<InterleavedWeights>();
+  p->type = w.type;
   p->rows = w.rows;
   p->cols = w.cols;
   p->groups = (w.rows + kGroupRows - 1) / kGroupRows;
   p->blocks = w.cols / kBlockValues;
-  p->qs.resize(size_t(p->groups * p->blocks * kBlockBytes));
+  const int64_t steps = steps_per_block(w.type);
+  const int64_t block_bytes = steps * kStepBytes;  // interleaved, per (group, block)
+  const int64_t quant_bytes = steps * 4;           // one row's quants per block in the checkpoint
+  const bool q8 = w.type == WeightType::Q8_0;
+  p->qs.resize(size_t(p->groups * p->blocks * block_bytes));
   p->d.resize(size_t(p->groups * p->blocks * kGroupRows));
-  std::memset(p->qs.data(), 0x80, p->qs.size());  // padding rows: q = 0 (and d = 0)
+  // Padding rows hold q = 0 (and d = 0): 0x80 for Q8_0, nibbles 8 for Q4_0.
+  std::memset(p->qs.data(), q8 ? 0x80 : 0x88, p->qs.size());
   for (int64_t r = 0; r < w.rows; ++r) {
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     const uint8_t* src = w.row(r);
     for (int64_t b = 0; b < p->blocks; ++b) {
-      const uint8_t* block = src + b * kQ8BlockBytes;
+      const uint8_t* block = src + b * (2 + quant_bytes);
       const size_t gb = size_t(g * p->blocks + b);
       std::memcpy(&p->d[gb * kGroupRows + size_t(lane)], block, 2);
-      uint8_t* dst = p->qs.data() + gb * kBlockBytes + size_t(lane) * 4;
-      for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 4; ++j) dst[i * kStepBytes + j] = uint8_t(block[2 + 4 * i + j] ^ 0x80);
+      uint8_t* dst = p->qs.data() + gb * size_t(block_bytes) + size_t(lane) * 4;
+      for (int64_t i = 0; i < steps; ++i)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t q = block[2 + 4 * i + j];
+          dst[i * kStepBytes + j] = q8 ? uint8_t(q ^ 0x80) : q;
+        }
     }
   }
   return p;
 }
 
-void interleaved_q8_matmul(const InterleavedQ8& w, const float* x, float* y, int64_t n, ThreadPool* pool) {
-  const InterleavedQ8* ws[] = {&w};
+void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, int64_t n, ThreadPool* pool) {
+  const InterleavedWeights* ws[] = {&w};
   float* ys[] = {y};
-  interleaved_q8_matmul_many(ws, ys, 1, x, n, pool);
+  interleaved_matmul_many(ws, ys, 1, x, n, pool);
 }
 
-void interleaved_q8_matmul_many(const InterleavedQ8* const* ws, float* const* ys, int count, const float* x,
+void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count, const float* x,
                                 int64_t n, ThreadPool* pool) {
 #if defined(KVSERVE_INTERLEAVED_Q8)
   if (n <= 0 || count <= 0) return;
