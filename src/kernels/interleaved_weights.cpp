@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/quantize_q8.h"
+#include "util/aligned_buffer.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -127,7 +128,7 @@ template <class B, int T>
 void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
   const int64_t nb = w.blocks;
   const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
-  const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
+  const uint16_t* wd = w.d() + size_t(g * nb * kGroupRows);
   const size_t first = a.slot(t0, 0);
   const int8_t* xq = a.qs.data() + first * kBlockValues;
   const float* xd = a.d.data() + first;
@@ -224,23 +225,29 @@ std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
   const int64_t block_bytes = steps * kStepBytes;  // interleaved, per (group, block)
   const int64_t quant_bytes = steps * 4;           // one row's quants per block in the checkpoint
   const bool q8 = w.type == WeightType::Q8_0;
-  p->qs.resize(size_t(p->groups * p->blocks * block_bytes));
-  p->d.resize(size_t(p->groups * p->blocks * kGroupRows));
-  // Padding rows hold q = 0 (and d = 0): 0x80 for Q8_0, nibbles 8 for Q4_0.
-  std::memset(p->qs.data(), q8 ? 0x80 : 0x88, p->qs.size());
-  for (int64_t r = 0; r < w.rows; ++r) {
+  constexpr size_t kHugeFrom = size_t(2) << 20;
+  p->qs = PageArena(size_t(p->groups * p->blocks * block_bytes), kHugeFrom);
+  p->scales = PageArena(size_t(p->groups * p->blocks * kGroupRows) * sizeof(uint16_t), kHugeFrom);
+  // Stored quants are q + 128 (Q8_0: flip the sign bit) or the raw nibble bytes.
+  const uint32_t flip = q8 ? 0x80808080u : 0u;
+  for (int64_t r = 0; r < p->groups * kGroupRows; ++r) {
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    const uint8_t* src = w.row(r);
+    const uint8_t* src = r < w.rows ? w.row(r) : nullptr;
     for (int64_t b = 0; b < p->blocks; ++b) {
-      const uint8_t* block = src + b * (2 + quant_bytes);
       const size_t gb = size_t(g * p->blocks + b);
-      std::memcpy(&p->d[gb * kGroupRows + size_t(lane)], block, 2);
       uint8_t* dst = p->qs.data() + gb * size_t(block_bytes) + size_t(lane) * 4;
-      for (int64_t i = 0; i < steps; ++i)
-        for (int j = 0; j < 4; ++j) {
-          const uint8_t q = block[2 + 4 * i + j];
-          dst[i * kStepBytes + j] = q8 ? uint8_t(q ^ 0x80) : q;
-        }
+      if (src == nullptr) {  // padding row: q = 0, d = 0 (the arena is zeroed)
+        for (int64_t i = 0; i < steps; ++i) std::memset(dst + i * kStepBytes, q8 ? 0x80 : 0x88, 4);
+        continue;
+      }
+      const uint8_t* block = src + b * (2 + quant_bytes);
+      std::memcpy(p->scales.data() + (gb * kGroupRows + size_t(lane)) * sizeof(uint16_t), block, 2);
+      for (int64_t i = 0; i < steps; ++i) {
+        uint32_t v;
+        std::memcpy(&v, block + 2 + 4 * i, 4);
+        v ^= flip;
+        std::memcpy(dst + i * kStepBytes, &v, 4);
+      }
     }
   }
   return p;
