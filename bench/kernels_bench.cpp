@@ -96,30 +96,35 @@ const WeightSet& weight_set(WeightType t, int64_t rows, int64_t cols) {
   return *current;
 }
 
-// Args: weight type, rows, cols, n (tokens), threads.
-void BM_Matmul(benchmark::State& state) {
-  const auto type = WeightType(state.range(0));
-  const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
-  const int threads = int(state.range(4));
-  const WeightSet& set = weight_set(type, rows, cols);
+// Times call(i, x, y, pool), call i using weight copy i, on n random
+// activation rows; reports weight bytes and flops per second.
+template <class Call>
+void time_matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t cols, int64_t n, int threads,
+                 Call call) {
   std::unique_ptr<ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
-
   std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
   uint64_t seed = 42;
   for (auto& v : x) v = float(int64_t(next_random(seed) % 2001) - 1000) / 1000.0f;
-
   size_t i = 0;
   for (auto _ : state) {
-    matmul(set.matrix(i++), x.data(), y.data(), n, pool.get());
+    call(i++, x.data(), y.data(), pool.get());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
   const double calls = double(state.iterations());
   state.SetBytesProcessed(int64_t(calls * double(weight_row_bytes(type, cols) * size_t(rows))));
-  state.counters["flops"] =
-      benchmark::Counter(calls * 2.0 * double(rows) * double(cols) * double(n),
-                         benchmark::Counter::kIsRate);
+  state.counters["flops"] = benchmark::Counter(calls * 2.0 * double(rows) * double(cols) * double(n),
+                                               benchmark::Counter::kIsRate);
+}
+
+// Args: weight type, rows, cols, n (tokens), threads.
+void BM_Matmul(benchmark::State& state) {
+  const auto type = WeightType(state.range(0));
+  const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
+  const WeightSet& set = weight_set(type, rows, cols);
+  time_matmul(state, type, rows, cols, n, int(state.range(4)),
+              [&](size_t i, const float* x, float* y, ThreadPool* pool) { matmul(set.matrix(i), x, y, n, pool); });
   state.SetLabel(std::string(weight_type_name(type)));
 }
 
@@ -154,21 +159,9 @@ void BM_MatmulInterleaved(benchmark::State& state) {
     }
     packed_shape = {type, rows, cols};
   }
-  std::unique_ptr<ThreadPool> pool;
-  if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
-  std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
-  uint64_t seed = 42;
-  for (auto& v : x) v = float(int64_t(next_random(seed) % 2001) - 1000) / 1000.0f;
-  size_t i = 0;
-  for (auto _ : state) {
-    interleaved_matmul(*packed[i++ % packed.size()], x.data(), y.data(), n, pool.get());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double calls = double(state.iterations());
-  state.SetBytesProcessed(int64_t(calls * double(weight_row_bytes(type, cols) * size_t(rows))));
-  state.counters["flops"] = benchmark::Counter(calls * 2.0 * double(rows) * double(cols) * double(n),
-                                               benchmark::Counter::kIsRate);
+  time_matmul(state, type, rows, cols, n, threads, [&](size_t i, const float* x, float* y, ThreadPool* pool) {
+    interleaved_matmul(*packed[i % packed.size()], x, y, n, pool);
+  });
   state.SetLabel(std::string(weight_type_name(type)) + " interleaved");
 }
 BENCHMARK(BM_MatmulInterleaved)

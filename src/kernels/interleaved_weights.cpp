@@ -128,7 +128,7 @@ template <class B, int T>
 void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
   const int64_t nb = w.blocks;
   const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
-  const uint16_t* wd = w.d() + size_t(g * nb * kGroupRows);
+  const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
   const size_t first = a.slot(t0, 0);
   const int8_t* xq = a.qs.data() + first * kBlockValues;
   const float* xd = a.d.data() + first;
@@ -225,9 +225,8 @@ std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
   const int64_t block_bytes = steps * kStepBytes;  // interleaved, per (group, block)
   const int64_t quant_bytes = steps * 4;           // one row's quants per block in the checkpoint
   const bool q8 = w.type == WeightType::Q8_0;
-  constexpr size_t kHugeFrom = size_t(2) << 20;
-  p->qs = PageArena(size_t(p->groups * p->blocks * block_bytes), kHugeFrom);
-  p->scales = PageArena(size_t(p->groups * p->blocks * kGroupRows) * sizeof(uint16_t), kHugeFrom);
+  p->qs.resize(size_t(p->groups * p->blocks * block_bytes));
+  p->d.resize(size_t(p->groups * p->blocks * kGroupRows));
   // Stored quants are q + 128 (Q8_0: flip the sign bit) or the raw nibble bytes.
   const uint32_t flip = q8 ? 0x80808080u : 0u;
   for (int64_t r = 0; r < p->groups * kGroupRows; ++r) {
@@ -236,12 +235,12 @@ std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
     for (int64_t b = 0; b < p->blocks; ++b) {
       const size_t gb = size_t(g * p->blocks + b);
       uint8_t* dst = p->qs.data() + gb * size_t(block_bytes) + size_t(lane) * 4;
-      if (src == nullptr) {  // padding row: q = 0, d = 0 (the arena is zeroed)
+      if (src == nullptr) {  // padding row: q = 0, d = 0 (the buffer is zeroed)
         for (int64_t i = 0; i < steps; ++i) std::memset(dst + i * kStepBytes, q8 ? 0x80 : 0x88, 4);
         continue;
       }
       const uint8_t* block = src + b * (2 + quant_bytes);
-      std::memcpy(p->scales.data() + (gb * kGroupRows + size_t(lane)) * sizeof(uint16_t), block, 2);
+      std::memcpy(&p->d[gb * kGroupRows + size_t(lane)], block, 2);
       for (int64_t i = 0; i < steps; ++i) {
         uint32_t v;
         std::memcpy(&v, block + 2 + 4 * i, 4);

@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "kernels/weight_matrix.h"
-#include "util/page_arena.h"
+#include "util/aligned_buffer.h"
 
 namespace kvserve {
 
@@ -32,13 +32,10 @@ struct InterleavedWeights {
   //   Q8_0: 8 steps; step i holds values 4i..4i+3 of each row as q + 128.
   //   Q4_0: 4 steps; step i holds bytes 4i..4i+3 of each row's 16 nibble
   //         bytes as stored (low nibble: value k, high: value k + 16; q + 8).
-  // Page arenas (zeroed by the kernel, huge pages from 2 MiB): writing 400 MB
-  // of weights page by page cost ~1.5 s of page faults in a VM.
-  PageArena qs;
-  PageArena scales;  // (groups, blocks, 16 rows): fp16 scales
+  AlignedBuffer<uint8_t> qs;
+  AlignedBuffer<uint16_t> d;  // (groups, blocks, 16 rows): fp16 scales
 
-  const uint16_t* d() const { return reinterpret_cast<const uint16_t*>(scales.data()); }
-  size_t bytes() const { return qs.size() + scales.size(); }
+  size_t bytes() const { return qs.size() + d.size() * sizeof(uint16_t); }
 };
 
 // Whether this build has the interleaved kernel (AVX-512 with VNNI).

@@ -14,9 +14,7 @@ class PageArena {
  public:
   PageArena() = default;
   // Throws kvserve::Error when the address space cannot be reserved.
-  // Arenas of huge_page_min_bytes or more ask for transparent huge pages.
-  explicit PageArena(size_t bytes, size_t huge_page_min_bytes = kHugePageMinBytes);
-  static constexpr size_t kHugePageMinBytes = size_t(16) << 20;  // smaller: 2 MiB over is relatively much
+  explicit PageArena(size_t bytes);
   ~PageArena();
   PageArena(PageArena&& o) noexcept;
   PageArena& operator=(PageArena&& o) noexcept;
