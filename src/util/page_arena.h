@@ -1,8 +1,7 @@
 // A large zeroed byte region reserved with an anonymous mmap: address space is
 // set aside up front, but a page costs memory only once it is written. The KV
 // cache reserves its whole budget this way, so an idle pool costs nothing and
-// the resident size tracks the blocks actually used (in 2 MiB steps for
-// arenas of 16 MiB and more, which ask for transparent huge pages).
+// the resident size tracks the blocks actually used.
 #pragma once
 
 #include <cstddef>
