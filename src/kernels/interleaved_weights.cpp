@@ -29,12 +29,12 @@ constexpr int64_t kBlockValues = 32;
 constexpr int64_t kStepBytes = 64;    // one vector: 4 bytes of each of 16 rows
 constexpr int64_t kQ8Steps = 8;       // steps per block (see InterleavedWeights::qs)
 constexpr int64_t kQ4Steps = 4;
+constexpr int64_t kParallelMinValues = 1 << 16;  // below: one thread quantizes the activations
 
 int64_t steps_per_block(WeightType t) { return t == WeightType::Q8_0 ? kQ8Steps : kQ4Steps; }
-constexpr int64_t kParallelMinValues = 1 << 16;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define KVSERVE_INTERLEAVED_Q8 1
+#define KVSERVE_INTERLEAVED 1
 
 #define KVSERVE_UNROLL _Pragma("GCC unroll 16")
 
@@ -54,7 +54,8 @@ struct ActivationTiles {
 
 // Sum of a block's 32 quants: sad sums the unsigned bytes q + 128.
 int32_t block_sum(const int8_t* q) {
-  const __m256i u = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)), _mm256_set1_epi8(char(0x80)));
+  const __m256i u =
+      _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)), _mm256_set1_epi8(char(0x80)));
   const __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());
   const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 128 * int32_t(kBlockValues);
@@ -205,7 +206,7 @@ void run_groups(const InterleavedWeights* const* ws, float* const* ys, const Act
 }  // namespace
 
 bool interleaved_weights_supported() {
-#if defined(KVSERVE_INTERLEAVED_Q8)
+#if defined(KVSERVE_INTERLEAVED)
   return true;
 #else
   return false;
@@ -259,8 +260,8 @@ void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, i
 }
 
 void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count, const float* x,
-                                int64_t n, ThreadPool* pool) {
-#if defined(KVSERVE_INTERLEAVED_Q8)
+                             int64_t n, ThreadPool* pool) {
+#if defined(KVSERVE_INTERLEAVED)
   if (n <= 0 || count <= 0) return;
   int64_t groups = 0;
   for (int i = 0; i < count; ++i) {
@@ -275,7 +276,7 @@ void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* 
   }
   pool->parallel_for(groups, 2, [&](int64_t begin, int64_t end, int) { run_groups(ws, ys, a, begin, end); });
 #else
-  fail("interleaved Q8_0 matmul: this build has no AVX-512 VNNI kernel");
+  fail("interleaved matmul: this build has no AVX-512 VNNI kernel");
 #endif
 }
 

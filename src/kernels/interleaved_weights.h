@@ -47,13 +47,12 @@ std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w);
 
 // y = x · Wᵀ as matmul() defines it: x (n, cols), y (n, rows).
 // REQUIRES: interleaved_weights_supported().
-void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, int64_t n,
-                           ThreadPool* pool);
+void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, int64_t n, ThreadPool* pool);
 
-// Several matrices with the same cols (any mix of Q8_0 and Q4_0) over one x (Q, K and V; gate and up):
-// x is quantized once and one parallel_for splits all their rows.
-// ys[i] receives (n, ws[i]->rows).
-void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count,
-                                const float* x, int64_t n, ThreadPool* pool);
+// Several matrices with the same cols (any mix of Q8_0 and Q4_0) over one x
+// (Q, K and V; gate and up): x is quantized once and one parallel_for splits
+// all their rows. ys[i] receives (n, ws[i]->rows).
+void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count, const float* x,
+                             int64_t n, ThreadPool* pool);
 
 }  // namespace kvserve
