@@ -26,15 +26,16 @@ ModelConfig stories_shape() {
   return c;
 }
 
-TEST(BlockPool, AllocatesInIdOrderAndReusesFreedBlocksLast) {
+TEST(BlockPool, AllocatesInIdOrderAndReusesFreedBlocksFirst) {
   BlockPool pool(4);
   EXPECT_EQ(*pool.allocate(), 0);
   EXPECT_EQ(*pool.allocate(), 1);
   EXPECT_EQ(*pool.allocate(), 2);
   pool.release(1);
-  // Freed blocks go to the tail: 3 is handed out before 1 comes back.
-  EXPECT_EQ(*pool.allocate(), 3);
+  // Freed blocks go to the head (their pages are committed): 1 comes back
+  // before the never-used 3.
   EXPECT_EQ(*pool.allocate(), 1);
+  EXPECT_EQ(*pool.allocate(), 3);
   EXPECT_FALSE(pool.allocate().has_value());
   EXPECT_EQ(pool.num_free(), 0);
 }

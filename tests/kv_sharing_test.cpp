@@ -124,10 +124,11 @@ TEST(KvSharing, ReleaseReturnsBlocksTailFirst) {
   fill(cache, a, 12);
   ASSERT_EQ(a.blocks, (std::vector<int32_t>{0, 1, 2}));
   cache.release(a);
-  // Free queue: 3, then 2, 1, 0 (the tail of a's chain first).
+  // Released tail first, each to the head of the free queue: 0, 1, 2, then
+  // the never-used 3 (head first would have left 2, 1, 0, 3).
   BlockTable b;
   ASSERT_TRUE(cache.reserve(b, 16));
-  EXPECT_EQ(b.blocks, (std::vector<int32_t>{3, 2, 1, 0}));
+  EXPECT_EQ(b.blocks, (std::vector<int32_t>{0, 1, 2, 3}));
   cache.release(b);
 }
 

@@ -26,6 +26,15 @@ void BlockPool::push_free_tail(int32_t id) {
   ++num_free_;
 }
 
+void BlockPool::push_free_head(int32_t id) {
+  next_free_[size_t(id)] = free_head_;
+  prev_free_[size_t(id)] = kNone;
+  if (free_head_ != kNone) prev_free_[size_t(free_head_)] = id;
+  else free_tail_ = id;
+  free_head_ = id;
+  ++num_free_;
+}
+
 void BlockPool::unlink_free(int32_t id) {
   int32_t p = prev_free_[size_t(id)], n = next_free_[size_t(id)];
   if (p != kNone) next_free_[size_t(p)] = n;
@@ -68,7 +77,7 @@ void BlockPool::release(int32_t id) {
   assert(ref_count_[size_t(id)] > 0);
   if (--ref_count_[size_t(id)] > 0) return;
   if (!cached_[size_t(id)]) {
-    push_free_tail(id);
+    push_free_head(id);
     return;
   }
   ++num_idle_;
@@ -89,7 +98,7 @@ void BlockPool::evict(int32_t id) {
   assert(ref_count_[size_t(id)] == 0 && cached_[size_t(id)]);
   cached_[size_t(id)] = 0;
   --num_idle_;
-  push_free_tail(id);
+  push_free_head(id);
 }
 
 }  // namespace kvserve

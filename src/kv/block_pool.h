@@ -9,8 +9,13 @@
 //           reused, and is handed back to the free queue only when the
 //           reclaimer evicts it (lazily, when allocation finds no free block)
 // The free queue is an intrusive doubly-linked list over block ids so a block
-// can leave it from the middle in O(1). Allocation takes from the head (least
-// recently freed first).
+// can leave it from the middle in O(1). Freed blocks go to the head and
+// allocation takes from the head: the most recently freed block first, whose
+// pages are already committed, ahead of never-used blocks (ascending ids at
+// the tail). A never-used block's first write faults its pages in (~3 ms per
+// 16-token block of the 400M model in a VM), and reusing warm blocks keeps
+// the resident size at the peak of blocks in use instead of growing to the
+// whole pool.
 //
 // Running out of blocks is an ordinary result (an empty optional / false), not
 // an exception: the scheduler decides what to do about it.
@@ -62,7 +67,7 @@ class BlockPool {
   // must already have dropped it from its eviction order.
   // REQUIRES: ref_count(id) > 0 or cached(id).
   void retain(int32_t id);
-  // Drops a reference; at zero the block goes to the tail of the free queue,
+  // Drops a reference; at zero the block goes to the head of the free queue,
   // or, when cached, becomes idle and is reported to the reclaimer.
   // REQUIRES: ref_count(id) > 0.
   void release(int32_t id);
@@ -80,11 +85,12 @@ class BlockPool {
   // REQUIRES: ref_count(id) > 0, cached(id).
   void unmark_cached(int32_t id);
   // Frees an idle block (the reclaimer evicting it): it leaves the cache and
-  // goes to the tail of the free queue.  REQUIRES: idle.
+  // goes to the head of the free queue.  REQUIRES: idle.
   void evict(int32_t id);
 
  private:
   void push_free_tail(int32_t id);
+  void push_free_head(int32_t id);
   void unlink_free(int32_t id);
 
   static constexpr int32_t kNone = -1;
