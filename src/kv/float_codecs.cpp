@@ -94,9 +94,6 @@ void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
 
 
 
-// How many queries one pass takes: 3 or 4 keep the accumulators in registers.
-inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
-
 // Scores of NQ queries against n keys, 16 keys at a time: dot(t, acc) adds
 // key t's per-lane products to acc[NQ]; hsum16 reduces 16 keys at once.
 template <int NQ, class Dot>
@@ -276,18 +273,9 @@ class FloatCodec final : public KvCodec {
     if (hd % 16 == 0) {
       const T* v = at(block, kv_head, 0);
       simd::prefetch_rows(v, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
-      for (int i = 0; i < n_q;) {
-        const int m = pass_size(n_q - i);
-        const float* wi = weights + size_t(i) * stride;
-        float* oi = out + size_t(i) * hd;
-        switch (m) {
-          case 1: accumulate_dims<Tr, 1>(wi, stride, v, hd, hd, n, oi); break;
-          case 2: accumulate_dims<Tr, 2>(wi, stride, v, hd, hd, n, oi); break;
-          case 3: accumulate_dims<Tr, 3>(wi, stride, v, hd, hd, n, oi); break;
-          default: accumulate_dims<Tr, 4>(wi, stride, v, hd, hd, n, oi); break;
-        }
-        i += m;
-      }
+      simd::by_query_passes(n_q, [&](auto m, int i) {
+        accumulate_dims<Tr, m>(weights + size_t(i) * stride, stride, v, hd, hd, n, out + size_t(i) * hd);
+      });
       return;
     }
 #endif
@@ -304,18 +292,9 @@ class FloatCodec final : public KvCodec {
     const int hd = shape_.head_dim;
     const T* k = at(block, kv_head, 0);
     simd::prefetch_rows(k, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
-    for (int i = 0; i < n_q;) {
-      const int m = pass_size(n_q - i);
-      const float* qi = q + size_t(i) * hd;
-      float* si = scores + size_t(i) * stride;
-      switch (m) {
-        case 1: score_head<1>(qi, q_token_stride, k, n, scale, si, stride); break;
-        case 2: score_head<2>(qi, q_token_stride, k, n, scale, si, stride); break;
-        case 3: score_head<3>(qi, q_token_stride, k, n, scale, si, stride); break;
-        default: score_head<4>(qi, q_token_stride, k, n, scale, si, stride); break;
-      }
-      i += m;
-    }
+    simd::by_query_passes(n_q, [&](auto m, int i) {
+      score_head<m>(q + size_t(i) * hd, q_token_stride, k, n, scale, scores + size_t(i) * stride, stride);
+    });
   }
   // score_simd with the common head sizes (64, 128) known at compile time.
   template <int NQ>

@@ -254,10 +254,6 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
   }
 }
 
-// How many queries the next pass takes: passes of 3 or 4 keep the
-// accumulators in registers.
-inline int pass_size(int left) { return left <= 4 ? left : (left == 6 ? 3 : 4); }
-
 // q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.
 template <class Src>
 void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores,
@@ -270,18 +266,9 @@ void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, flo
   for (size_t s = 0; s < sets; ++s)
     for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
   const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
-  for (int i = 0; i < n_q;) {
-    const int m = pass_size(n_q - i);
-    const float* qi = qp + size_t(i) * hd;
-    float* si = scores + size_t(i) * stride;
-    switch (m) {
-      case 1: score_queries<1>(src, qi, q_token_stride, n, scale, si, stride); break;
-      case 2: score_queries<2>(src, qi, q_token_stride, n, scale, si, stride); break;
-      case 3: score_queries<3>(src, qi, q_token_stride, n, scale, si, stride); break;
-      default: score_queries<4>(src, qi, q_token_stride, n, scale, si, stride); break;
-    }
-    i += m;
-  }
+  kvserve::simd::by_query_passes(n_q, [&](auto m, int i) {
+    score_queries<m>(src, qp + size_t(i) * hd, q_token_stride, n, scale, scores + size_t(i) * stride, stride);
+  });
 }
 
 // out[i][d] += sum_t w[i][t] x_t[d] over the NV vectors of the head slice
@@ -350,18 +337,9 @@ template <class Src>
 void accumulate(const Src& src, const float* weights, int n_q, int stride, int n, float* out) {
   const int hd = src.head_dim;
   src.prefetch(n);
-  for (int i = 0; i < n_q;) {
-    const int m = pass_size(n_q - i);
-    const float* wi = weights + size_t(i) * stride;
-    float* oi = out + size_t(i) * hd;
-    switch (m) {
-      case 1: accumulate_queries<1>(src, wi, stride, n, oi); break;
-      case 2: accumulate_queries<2>(src, wi, stride, n, oi); break;
-      case 3: accumulate_queries<3>(src, wi, stride, n, oi); break;
-      default: accumulate_queries<4>(src, wi, stride, n, oi); break;
-    }
-    i += m;
-  }
+  kvserve::simd::by_query_passes(n_q, [&](auto m, int i) {
+    accumulate_queries<m>(src, weights + size_t(i) * stride, stride, n, out + size_t(i) * hd);
+  });
 }
 
 }  // namespace simd
