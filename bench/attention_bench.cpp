@@ -39,17 +39,22 @@ size_t working_set_bytes() {
   const char* mb = std::getenv("ATTENTION_BENCH_WORKING_SET_MB");
   return (mb != nullptr ? size_t(std::atoll(mb)) : size_t(768)) << 20;
 }
-constexpr int kHeadDim = 64, kKvHeads = 8, kGroup = 3, kBlock = 16;
+constexpr int kHeadDim = 64, kKvHeads = 8, kGroup = 3;
 constexpr int kDistinctBlocks = 64;  // encoded once, then copied across the arena
 
 struct CodecPair {
   const char* name;
   KvCodecConfig k, v;
+  int block = 16;  // tokens per block
 };
 
 std::vector<CodecPair> codec_pairs() {
   auto tok = [](KvDType t, int g) { return KvCodecConfig{t, KvGrouping::Token, g, {}, {}}; };
   auto chan = [](KvDType t, int g) { return KvCodecConfig{t, KvGrouping::Channel, g, {}, {}}; };
+  auto s8 = [](KvCodecConfig c) {
+    c.scale_bits = 8;
+    return c;
+  };
   return {
       {"fp32", {KvDType::F32}, {KvDType::F32}},
       {"fp16", {KvDType::F16}, {KvDType::F16}},
@@ -60,6 +65,8 @@ std::vector<CodecPair> codec_pairs() {
       {"int2/token/g64", tok(KvDType::INT2, 64), tok(KvDType::INT2, 64)},
       {"int2 K channel/g16, V token/g64", chan(KvDType::INT2, 16), tok(KvDType::INT2, 64)},
       {"q4_0", {KvDType::Q4_0}, {KvDType::Q4_0}},
+      {"int4-small: K channel/g32, V token/g64, 8-bit scales", s8(chan(KvDType::INT4, 32)), s8(tok(KvDType::INT4, 64)), 32},
+      {"int2-small: K channel/g32, V token/g64, 8-bit scales", s8(chan(KvDType::INT2, 32)), s8(tok(KvDType::INT2, 64)), 32},
   };
 }
 
@@ -67,30 +74,32 @@ std::vector<CodecPair> codec_pairs() {
 struct LayerSet {
   int pair = -1;
   int n_ctx = 0;
+  int block = 16;  // tokens per block
   std::unique_ptr<KvCodec> k, v;
   size_t k_bytes = 0, v_bytes = 0;  // one block, in bytes
   int n_blocks = 0;
   std::vector<AlignedBuffer<uint8_t>> copies;  // each (block, K then V) bytes
 
   LayerSet(int pair_index, int ctx) : pair(pair_index), n_ctx(ctx) {
-    const KvBlockShape shape{kBlock, kKvHeads, kHeadDim};
     const CodecPair& p = codec_pairs()[size_t(pair_index)];
+    block = p.block;
+    const KvBlockShape shape{block, kKvHeads, kHeadDim};
     k = make_kv_codec(p.k, shape);
     v = make_kv_codec(p.v, shape);
     k_bytes = k->block_bytes();
     v_bytes = v->block_bytes();
-    n_blocks = (ctx + kBlock - 1) / kBlock;
+    n_blocks = (ctx + block - 1) / block;
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const int kv_dim = shape.kv_dim();
-    std::vector<float> x(size_t(kBlock) * kv_dim);
+    std::vector<float> x(size_t(block) * kv_dim);
     std::vector<uint8_t> distinct(size_t(kDistinctBlocks) * (k_bytes + v_bytes));
     for (int b = 0; b < kDistinctBlocks; ++b) {
       for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 7 == 3 ? 4.0f : 1.0f);
       uint8_t* dst = distinct.data() + size_t(b) * (k_bytes + v_bytes);
-      k->encode_block(dst, x.data(), kBlock);
+      k->encode_block(dst, x.data(), block);
       for (auto& e : x) e = normal(rng);
-      v->encode_block(dst + k_bytes, x.data(), kBlock);
+      v->encode_block(dst + k_bytes, x.data(), block);
     }
     const size_t layer_bytes = size_t(n_blocks) * (k_bytes + v_bytes);
     const size_t count = std::max<size_t>(2, (working_set_bytes() + layer_bytes - 1) / layer_bytes);
@@ -127,24 +136,24 @@ void prefetch_head(const uint8_t* block, size_t bytes, int kv_head) {
 constexpr int kAhead = 4;
 void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
                  float* out) {
-  const int stride = set.n_blocks * kBlock;
+  const int stride = set.n_blocks * set.block;
   const size_t block_step = set.k_bytes + set.v_bytes;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   for (int b = 0; b < std::min(kAhead, set.n_blocks); ++b) prefetch_head(arena + size_t(b) * block_step, set.k_bytes, kv_head);
   for (int b = 0; b < set.n_blocks; ++b) {
-    const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    const int n = std::min(set.block, set.n_ctx - b * set.block);
     if (b + kAhead < set.n_blocks) prefetch_head(arena + size_t(b + kAhead) * block_step, set.k_bytes, kv_head);
-    set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * kBlock, stride);
+    set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * set.block, stride);
   }
   for (int i = 0; i < kGroup; ++i) softmax(scores + size_t(i) * stride, set.n_ctx);
   std::fill(out, out + kGroup * kHeadDim, 0.0f);
   for (int b = 0; b < std::min(kAhead, set.n_blocks); ++b)
     prefetch_head(arena + size_t(b) * block_step + set.k_bytes, set.v_bytes, kv_head);
   for (int b = 0; b < set.n_blocks; ++b) {
-    const int n = std::min(kBlock, set.n_ctx - b * kBlock);
+    const int n = std::min(set.block, set.n_ctx - b * set.block);
     if (b + kAhead < set.n_blocks)
       prefetch_head(arena + size_t(b + kAhead) * block_step + set.k_bytes, set.v_bytes, kv_head);
-    set.v->accumulate(scores + b * kBlock, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
+    set.v->accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
                       out);
   }
 }
@@ -161,7 +170,7 @@ void BM_Attention(benchmark::State& state) {
   std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);  // (kv head, group, head_dim)
   for (auto& e : q) e = normal(rng);
   std::vector<float> out(q.size());
-  const size_t stride = size_t(set.n_blocks) * kBlock;
+  const size_t stride = size_t(set.n_blocks) * set.block;
   std::vector<std::vector<float>> scores(size_t(std::max(threads, 1)), std::vector<float>(kGroup * stride));
 
   size_t layer = 0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "kv/scale8.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -43,6 +44,12 @@ std::vector<Case> all_cases() {
     cases.push_back({{t, KvGrouping::Token, 32, {}, {}}, wide});
     cases.push_back({{t, KvGrouping::Channel, 0, {}, {}}, small});   // whole block
     cases.push_back({{t, KvGrouping::Channel, 8, {}, {}}, wide});    // half blocks
+    for (KvCodecConfig c8 : {KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Token, 4, {}, {}},
+                             KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}}}) {  // 8-bit scales
+      c8.scale_bits = 8;
+      cases.push_back({c8, small});
+      cases.push_back({c8, wide});
+    }
     KvCodecConfig st{t, KvGrouping::Token, 0, {}, {}};
     st.static_min.assign(32, -3.0f);
     st.static_max.assign(32, 4.0f);
@@ -54,7 +61,14 @@ std::vector<Case> all_cases() {
 }
 
 // The worst error a codec may make on value x of a group spanning [lo, hi].
-double bound(const KvCodecConfig& c, double lo, double hi, double amax) {
+// run_lo: with 8-bit scales, the largest |lo| of the groups sharing the
+// group's header (the min is rounded down by at most run_lo / 127 plus an
+// fp16 rounding, and the scale up by at most 2^(1/16) and an fp16 rounding).
+double bound(const KvCodecConfig& c, double lo, double hi, double amax, double run_lo) {
+  if (c.scale_bits == 8) {
+    const double levels = (1 << kv_dtype_bits(c.dtype)) - 1;
+    return 0.5 * (hi - lo + run_lo / 127 * 1.002 + run_lo / 1024) * 1.046 / levels + 1e-6;
+  }
   switch (c.dtype) {
     case KvDType::F32: return 0;
     case KvDType::F16: return amax * 4.9e-4;
@@ -95,8 +109,27 @@ TEST(KvCodec, RoundTripWithinFormatBound) {
         } else {
           visit(x[size_t(t) * kv_dim + d]);
         }
+        // 8-bit scales: the groups sharing this group's header (a head's
+        // channels for channel groups, a head's whole block for token groups).
+        double run_lo = 0;
+        if (c.config.scale_bits == 8) {
+          const int hd = c.shape.head_dim, h0 = d / hd * hd;
+          const bool channel = c.config.grouping == KvGrouping::Channel;
+          const int s0 = channel ? t / g * g : 0, s1 = channel ? s0 + g : bs;
+          for (int s = s0; s < s1; ++s)
+            for (int e = h0; e < h0 + hd; e += channel ? 1 : g) {
+              const int span = channel ? 1 : g;
+              double group_lo = 1e30;
+              if (channel) {
+                for (int u = s0; u < s1; ++u) group_lo = std::min(group_lo, double(x[size_t(u) * kv_dim + e]));
+              } else {
+                for (int f = e; f < e + span; ++f) group_lo = std::min(group_lo, double(x[size_t(s) * kv_dim + f]));
+              }
+              run_lo = std::max(run_lo, std::fabs(group_lo));
+            }
+        }
         const double err = std::fabs(double(y[size_t(d)]) - x[size_t(t) * kv_dim + d]);
-        ASSERT_LE(err, bound(c.config, lo, hi, amax)) << name(c) << " token " << t << " channel " << d;
+        ASSERT_LE(err, bound(c.config, lo, hi, amax, run_lo)) << name(c) << " token " << t << " channel " << d;
       }
     }
   }
@@ -221,6 +254,11 @@ std::vector<Case> model_cases() {
         cases.push_back({{t, KvGrouping::Token, g, {}, {}}, s});
       }
       for (int g : {0, 8}) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
+      for (KvCodecConfig c8 : {KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Token, 16, {}, {}},
+                               KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Channel, 8, {}, {}}}) {
+        c8.scale_bits = 8;  // the kernels read decoded 8-bit scales
+        cases.push_back({c8, s});
+      }
       KvCodecConfig st{t, KvGrouping::Token, 0, {}, {}};
       st.static_min.assign(size_t(s.kv_dim()), -3.0f);
       st.static_max.assign(size_t(s.kv_dim()), 4.0f);
@@ -324,6 +362,64 @@ TEST(KvCodec, BlockBytesAreExact) {
   EXPECT_EQ(bytes({KvDType::INT4, KvGrouping::Token, 64, {}, {}}), 16u * (256 + 8 * 4));
   EXPECT_EQ(bytes({KvDType::INT2, KvGrouping::Channel, 16, {}, {}}), 16u * 128 + 512 * 4);
   EXPECT_EQ(bytes({KvDType::Q4_0}), 16u * 16 * 18);
+  // 8-bit scales, 32-token blocks (the small presets' layout): per head the
+  // codes, a 4-byte header, and a byte of scale and of min per group.
+  const KvBlockShape s32{32, 8, 64};
+  KvCodecConfig k8{KvDType::INT4, KvGrouping::Channel, 0, {}, {}}, v8{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
+  k8.scale_bits = v8.scale_bits = 8;
+  EXPECT_EQ(make_kv_codec(k8, s32)->block_bytes(), 8u * (32 * 32 + 4 + 2 * 64));
+  EXPECT_EQ(make_kv_codec(v8, s32)->block_bytes(), 8u * (32 * 32 + 4 + 2 * 32));
+  k8.dtype = v8.dtype = KvDType::INT2;
+  EXPECT_EQ(make_kv_codec(k8, s32)->block_bytes(), 8u * (32 * 16 + 4 + 2 * 64));
+  EXPECT_EQ(make_kv_codec(v8, s32)->block_bytes(), 8u * (32 * 16 + 4 + 2 * 32));
+}
+
+// scale8 (8-bit scale and min per group, an fp16 header per run): the stored
+// pairs cover every group without clipping and are at most one log step
+// (2^(1/16)) coarser than needed plus the min's rounding; every decoder
+// (vector, pairs, single group) returns exactly what the encoder quantized with.
+TEST(KvCodec, EightBitScalesCoverEachGroupAndDecodeExactly) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int count : {1, 8, 16, 37, 64}) {
+    for (int levels : {3, 15, 255}) {
+      const size_t n = static_cast<size_t>(count);
+      std::vector<float> lo(n), hi(n);
+      for (int g = 0; g < count; ++g) {
+        const float center = g % 5 == 1 ? 20.0f * normal(rng) : normal(rng);  // a few offset groups
+        const float width = g % 7 == 3 ? 0.0f : std::fabs(normal(rng)) * (g % 3 == 0 ? 8.0f : 1.0f);
+        lo[size_t(g)] = center - width;
+        hi[size_t(g)] = center + width;
+      }
+      std::vector<uint8_t> run(scale8::run_bytes(count));
+      std::vector<float> sc(n), mn(n), sc2(n), mn2(n);
+      scale8::encode_run(lo.data(), hi.data(), count, levels, run.data(), sc.data(), mn.data());
+      scale8::decode_run(run.data(), count, sc2.data(), mn2.data());
+      std::vector<fp16_t> pairs(2 * n);
+      scale8::decode_run_pairs(run.data(), count, pairs.data());
+      double lo_max = 0, need_max = 0;
+      for (int g = 0; g < count; ++g) lo_max = std::max(lo_max, std::fabs(double(lo[size_t(g)])));
+      for (int g = 0; g < count; ++g) need_max = std::max(need_max, (hi[size_t(g)] - lo[size_t(g)] + lo_max / 127 * 1.002 + lo_max / 1024) / levels);
+      for (int g = 0; g < count; ++g) {
+        const size_t i = size_t(g);
+        ASSERT_EQ(sc[i], sc2[i]) << count << " " << g;
+        ASSERT_EQ(mn[i], mn2[i]) << count << " " << g;
+        ASSERT_EQ(sc[i], fp16_to_fp32(pairs[2 * i])) << count << " " << g;
+        ASSERT_EQ(mn[i], fp16_to_fp32(pairs[2 * i + 1])) << count << " " << g;
+        float s1, m1;
+        scale8::decode_one(run.data(), count, g, &s1, &m1);
+        ASSERT_EQ(s1, sc[i]);
+        ASSERT_EQ(m1, mn[i]);
+        ASSERT_LE(mn[i], lo[i]) << count << " " << g;
+        // One step of the min grid, and the fp16 rounding of the min (which may
+        // push it one step further down).
+        ASSERT_LE(lo[i] - mn[i], lo_max / 127 * 1.002 + lo_max / 1024 + 1e-7) << count << " " << g;
+        ASSERT_GE(double(mn[i]) + double(levels) * sc[i], hi[i]) << count << " " << g;
+        const double need = (double(hi[i]) - mn[i]) / levels;
+        ASSERT_LE(sc[i], std::max(need * 1.046, need_max * std::ldexp(1.0, -15)) + 1e-7) << count << " " << g;
+      }
+    }
+  }
 }
 
 TEST(KvCodec, ParsesNamesAndRejectsBadCombinations) {
@@ -340,6 +436,18 @@ TEST(KvCodec, ParsesNamesAndRejectsBadCombinations) {
   st.static_min.assign(3, 0.0f);
   st.static_max.assign(3, 1.0f);
   EXPECT_THROW(make_kv_codec(st, s), Error);
+  KvCodecConfig c8{KvDType::INT4, KvGrouping::Token, 32, {}, {}};  // spans heads: token-major
+  c8.scale_bits = 8;
+  EXPECT_THROW(make_kv_codec(c8, s), Error);
+  c8.group_size = 0;
+  c8.scale_bits = 12;
+  EXPECT_THROW(make_kv_codec(c8, s), Error);
+  c8.scale_bits = 8;
+  auto codec = make_kv_codec(c8, s);
+  EXPECT_FALSE(codec->encodes_tokens());  // the header spans the block's tokens
+  std::vector<uint8_t> block(codec->block_bytes());
+  std::vector<float> x(size_t(s.kv_dim()), 1.0f);
+  EXPECT_THROW(codec->encode_token(block.data(), 0, x.data()), Error);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   auto* m = cmd.add_option("--model", o.model_path, "checkpoint: GGUF or llama2.c .bin");
   if (model_required) m->required();
   cmd.add_option("--tokenizer", o.tokenizer_path, "tokenizer: llama2.c tokenizer .bin or GGUF (default: from the model)");
-  cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int2");
+  cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int4-small | int2 | int2-small");
   cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | int8 | int4 | int2 | q4_0 (default fp32)");
   cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)");
   cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)");
@@ -23,11 +23,14 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_option("--kv-k-group", o.kv_k_group, "key group size");
   cmd.add_option("--kv-v-group", o.kv_v_group, "value group size");
   cmd.add_option("--kv-residual", o.kv_residual, "recent tokens kept in FP16 (multiple of the block size; default one block)");
+  cmd.add_option("--kv-scale-bits", o.kv_scale_bits, "bits of each dynamic integer group's scale and min: 16 | 8");
+  cmd.add_option("--kv-k-scale-bits", o.kv_k_scale_bits, "key scale bits (overrides --kv-scale-bits)");
+  cmd.add_option("--kv-v-scale-bits", o.kv_v_scale_bits, "value scale bits (overrides --kv-scale-bits)");
   cmd.add_flag("--kv-k-pre-rope", o.kv_k_pre_rope, "store keys before RoPE (queries are rotated instead)");
   cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
   cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: static with --kv-calibration)");
   cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"");
-  cmd.add_option("--block-size", o.block_size, "KV block size in tokens")->capture_default_str();
+  cmd.add_option("--block-size", o.block_size, "KV block size in tokens (default 16; 32 with the -small presets)");
   cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context)");
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache capacity in bytes, e.g. 512MiB (instead of --kv-blocks)");
   cmd.add_option("--threads", o.threads, "threads (default: all cores)");
@@ -38,8 +41,8 @@ int64_t parse_bytes(const std::string& text) { return parse_byte_size(text); }
 
 KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   KvCacheOptions k;
-  k.block_size = o.block_size;
-  if (!o.kv_preset.empty()) apply_kv_preset(k, o.kv_preset);
+  k.block_size = o.block_size.value_or(16);
+  if (!o.kv_preset.empty()) apply_kv_preset(k, o.kv_preset, o.block_size.has_value());
   if (!o.kv_dtype.empty()) k.set_dtype(parse_kv_dtype(o.kv_dtype));
   if (!o.kv_k.empty()) k.k.dtype = parse_kv_dtype(o.kv_k);
   if (!o.kv_v.empty()) k.v.dtype = parse_kv_dtype(o.kv_v);
@@ -50,6 +53,15 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
   if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
+  auto scale_bits = [](const char* flag, int bits, KvCodecConfig& c) {
+    if (bits == 0) return;  // not given
+    if (bits != 16 && bits != 8) fail("{} must be 16 or 8 (got {})", flag, bits);
+    c.scale_bits = bits;
+  };
+  scale_bits("--kv-scale-bits", o.kv_scale_bits, k.k);
+  scale_bits("--kv-scale-bits", o.kv_scale_bits, k.v);
+  scale_bits("--kv-k-scale-bits", o.kv_k_scale_bits, k.k);
+  scale_bits("--kv-v-scale-bits", o.kv_v_scale_bits, k.v);
   if (o.kv_residual != -2) {
     if (o.kv_residual < 0) fail("--kv-residual must be >= 0 (got {})", o.kv_residual);
     k.residual = o.kv_residual;

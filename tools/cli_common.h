@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "attention/sparsity_policy.h"
@@ -26,10 +27,13 @@ struct CommonOptions {
   int32_t kv_group = -1, kv_k_group = -1, kv_v_group = -1;
   int32_t kv_residual = -2;     // -2 = not given
   bool kv_k_pre_rope = false;
+  int kv_scale_bits = 0;        // 0 = not given
+  int kv_k_scale_bits = 0;
+  int kv_v_scale_bits = 0;
   std::string kv_calibration;
   std::string kv_scales;        // static | dynamic (default static when calibrated)
   std::string kv_layers;
-  int32_t block_size = 16;
+  std::optional<int32_t> block_size;  // not given: 16, or the preset's
   int64_t kv_blocks = 0;        // 0 = from --kv-memory, else one full context
   std::string kv_memory;        // e.g. "512MiB"; empty = unset
   int threads = 0;              // 0 = all hardware threads

@@ -2,7 +2,7 @@
 // it decides results bit for bit (rmsnorm's final scaling, softmax's division,
 // silu's expression, rope's angles); only reductions are reassociated into
 // SIMD lanes. Exponentials use libm's expf, except softmax's and silu's: with
-// AVX-512 they run exp_nonpositive below, within 2 ulp of the exact value
+// AVX-512 they run simd::exp_nonpositive (util/simd.h), within 2 ulp of the exact value
 // (libm's expf is within 1), because a scalar expf per score was 15-30% of
 // quantized decode attention at long context, and per hidden unit ~4% of a
 // 16-sequence batched step.
@@ -22,28 +22,7 @@ namespace {
 inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
 }
-
-// e^x for x <= 0, within 2 ulp; 0 below -104, where e^x rounds to 0 in float.
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n ln2 is exact to
-// float precision), e^r by its degree-7 Taylor polynomial (truncation error
-// under 1e-8 relative on that range), then scaled by 2^n, which also rounds
-// subnormal results correctly.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2's high 15 bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860676533018708e-6f), r);    // ln2 - high part
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+using simd::exp_nonpositive;
 #endif
 
 float sum_of_squares(const float* x, int64_t n) {

@@ -2,6 +2,7 @@
 #include "kv/channel_codec.h"
 
 #include "kv/int_codec_kernels.h"
+#include "kv/scale8.h"
 
 namespace kvserve {
 namespace int_codec {
@@ -26,13 +27,14 @@ class ChannelCodec final : public KvCodec {
   ChannelCodec(const KvCodecConfig& c, const KvBlockShape& s)
       : KvCodec(c, s),
         static_(c.is_static()),
+        compact_(c.scale_bits == 8),
         group_(static_ ? s.block_size : c.group_size),
         code_bytes_(size_t(s.kv_dim()) * B / 8),
         head_major_(s.head_dim * B % 8 == 0),
         channel_major_(head_major_ && !static_ && !c.pre_rope),
         head_code_bytes_(size_t(s.head_dim) * B / 8),
         head_bytes_(size_t(s.block_size) * head_code_bytes_ +
-                    (static_ ? 0 : size_t(s.block_size / group_) * size_t(s.head_dim) * 2 * sizeof(fp16_t))) {
+                    (static_ ? 0 : size_t(s.block_size / group_) * head_run_bytes(c, s))) {
     if (static_) {
       for (int d = 0; d < s.kv_dim(); ++d) {
         const Affine a = fit_affine<B>(c.static_min[size_t(d)], std::max(c.static_max[size_t(d)], c.static_min[size_t(d)]));
@@ -61,7 +63,7 @@ class ChannelCodec final : public KvCodec {
   }
 
   size_t block_bytes() const override {
-    const size_t meta = static_ ? 0 : size_t(shape_.block_size / group_) * size_t(shape_.kv_dim()) * 2 * sizeof(fp16_t);
+    const size_t meta = static_ ? 0 : size_t(shape_.block_size / group_) * size_t(shape_.n_kv_heads) * head_run_bytes(config_, shape_);
     return size_t(shape_.block_size) * code_bytes_ + meta;
   }
   bool encodes_tokens() const override { return static_; }
@@ -84,23 +86,36 @@ class ChannelCodec final : public KvCodec {
       KvCodec::encode_block(block, x, n);
       return;
     }
-    const int kv_dim = shape_.kv_dim();
+    const int kv_dim = shape_.kv_dim(), hd = shape_.head_dim;
     std::memset(block, 0, block_bytes());
+    std::vector<float> lo(static_cast<size_t>(kv_dim)), hi(lo.size()), sc(lo.size()), mn(lo.size());
     for (int tg = 0; tg * group_ < n; ++tg) {
       const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
       for (int d = 0; d < kv_dim; ++d) {
-        float lo = x[size_t(t0) * kv_dim + d], hi = lo;
+        lo[size_t(d)] = hi[size_t(d)] = x[size_t(t0) * kv_dim + d];
         for (int t = t0 + 1; t < t1; ++t) {
-          lo = std::min(lo, x[size_t(t) * kv_dim + d]);
-          hi = std::max(hi, x[size_t(t) * kv_dim + d]);
+          lo[size_t(d)] = std::min(lo[size_t(d)], x[size_t(t) * kv_dim + d]);
+          hi[size_t(d)] = std::max(hi[size_t(d)], x[size_t(t) * kv_dim + d]);
         }
-        const Affine a = fit_affine<B>(lo, hi);
-        fp16_t* meta = pair(block, tg, d);
-        meta[0] = a.scale16;
-        meta[1] = a.min16;
-        const float inv = inverse(a.scale);
-        for (int t = t0; t < t1; ++t)
-          put(block, t, d, quantize<B>(x[size_t(t) * kv_dim + d], a.min, inv));
+      }
+      for (int h = 0; h < shape_.n_kv_heads; ++h) {  // the pairs the codes will mean
+        const size_t f = size_t(h) * hd;
+        if (compact_) {
+          scale8::encode_run(&lo[f], &hi[f], hd, (1 << B) - 1, run(block, tg, h), &sc[f], &mn[f]);
+          continue;
+        }
+        for (int d = int(f); d < int(f) + hd; ++d) {
+          const Affine a = fit_affine<B>(lo[size_t(d)], hi[size_t(d)]);
+          fp16_t* meta = pair(block, tg, d);
+          meta[0] = a.scale16;
+          meta[1] = a.min16;
+          sc[size_t(d)] = a.scale;
+          mn[size_t(d)] = a.min;
+        }
+      }
+      for (int d = 0; d < kv_dim; ++d) {
+        const float inv = inverse(sc[size_t(d)]);
+        for (int t = t0; t < t1; ++t) put(block, t, d, quantize<B>(x[size_t(t) * kv_dim + d], mn[size_t(d)], inv));
       }
     }
   }
@@ -391,6 +406,10 @@ class ChannelCodec final : public KvCodec {
   // The (scale, min) of the head's channels for token group tg, as floats.
   void head_affine(const uint8_t* block, int tg, int kv_head, float* scale, float* min) const {
     const int hd = shape_.head_dim;
+    if (compact_) {
+      scale8::decode_run(run(block, tg, kv_head), hd, scale, min);
+      return;
+    }
     const fp16_t* meta = pair(block, tg, kv_head * hd);
     for (int d = 0; d < hd; d += 16) {
       __m512 sc, mn;
@@ -595,12 +614,16 @@ class ChannelCodec final : public KvCodec {
     float* buf = simd::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
     float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
     for (int tg = 0; tg < groups; ++tg) {
-      const fp16_t* meta = pair(block, tg, first);
-      for (int d = 0; d < hd; d += 16) {
-        __m512 s, m;
-        simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
-        _mm512_storeu_ps(nat_s + d, s);
-        _mm512_storeu_ps(nat_m + d, m);
+      if (compact_) {
+        scale8::decode_run(run(block, tg, kv_head), hd, nat_s, nat_m);
+      } else {
+        const fp16_t* meta = pair(block, tg, first);
+        for (int d = 0; d < hd; d += 16) {
+          __m512 s, m;
+          simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
+          _mm512_storeu_ps(nat_s + d, s);
+          _mm512_storeu_ps(nat_m + d, m);
+        }
       }
       for (int d = 0; d < hd; d += Order::kCodes) {
         Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
@@ -654,11 +677,36 @@ class ChannelCodec final : public KvCodec {
     return reinterpret_cast<F*>(block + size_t(shape_.block_size) * code_bytes_) +
            2 * (size_t(tg) * shape_.kv_dim() + size_t(d));
   }
+  // 8-bit scales: the run of KV head kv_head's channels for token group tg
+  // (head-major), after the head's codes.
+  template <class P>
+  P* run(P* block, int tg, int kv_head) const {
+    return block + size_t(kv_head) * head_bytes_ + size_t(shape_.block_size) * head_code_bytes_ +
+           size_t(tg) * scale8::run_bytes(shape_.head_dim);
+  }
+  // Metadata bytes of one head for one token group.
+  static size_t head_run_bytes(const KvCodecConfig& c, const KvBlockShape& s) {
+    return c.scale_bits == 8 ? scale8::run_bytes(s.head_dim) : size_t(s.head_dim) * 2 * sizeof(fp16_t);
+  }
   // scale/min of channels [first, first + count) for token group tg.
   void load_affine(const uint8_t* block, int tg, int first, int count, float* scale, float* min) const {
     if (static_) {
       std::copy_n(static_scale_.begin() + first, count, scale);
       std::copy_n(static_min_.begin() + first, count, min);
+      return;
+    }
+    if (compact_) {  // whole heads' runs, then the slice asked for
+      const int hd = shape_.head_dim;
+      thread_local std::vector<float> sc, mn;
+      sc.resize(size_t(hd));
+      mn.resize(size_t(hd));
+      for (int h = first / hd; h * hd < first + count; ++h) {
+        scale8::decode_run(run(block, tg, h), hd, sc.data(), mn.data());
+        for (int d = std::max(first, h * hd); d < std::min(first + count, (h + 1) * hd); ++d) {
+          scale[d - first] = sc[size_t(d - h * hd)];
+          min[d - first] = mn[size_t(d - h * hd)];
+        }
+      }
       return;
     }
     for (int d = 0; d < count; ++d) {
@@ -679,6 +727,7 @@ class ChannelCodec final : public KvCodec {
   }
 
   bool static_;
+  bool compact_;  // 8-bit scales (kv/scale8.h), one run per (token group, head)
   int group_;          // tokens per (scale, min) group
   size_t code_bytes_;  // packed codes of one token row
   bool head_major_;

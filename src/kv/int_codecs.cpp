@@ -2,6 +2,8 @@
 
 #include "kv/channel_codec.h"
 #include "kv/int_codec_kernels.h"
+#include "kv/scale8.h"
+#include "util/error.h"
 
 namespace kvserve {
 namespace int_codec {
@@ -100,7 +102,10 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         head_major_(group_ <= s.head_dim && s.head_dim % group_ == 0 && s.head_dim * B % 8 == 0),
         head_code_bytes_(size_t(s.head_dim) * B / 8),
         head_groups_(s.head_dim / group_),
-        head_bytes_(size_t(s.block_size) * token_bytes_ / size_t(s.n_kv_heads)) {
+        head_bytes_(c.scale_bits == 8 ? size_t(s.block_size) * head_code_bytes_ +
+                                            scale8::run_bytes(s.block_size * head_groups_)
+                                      : size_t(s.block_size) * token_bytes_ / size_t(s.n_kv_heads)),
+        compact_(c.scale_bits == 8) {
 #if defined(__AVX512F__)
     using Order = simd::Lanes<B>;
     const int hd = s.head_dim;
@@ -121,9 +126,41 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #endif
   }
 
-  size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
+  size_t block_bytes() const override {
+    return compact_ ? size_t(shape_.n_kv_heads) * head_bytes_ : size_t(shape_.block_size) * token_bytes_;
+  }
+  // 8-bit scales share a header per (block, head): a block is encoded whole.
+  bool encodes_tokens() const override { return !compact_; }
+
+  void encode_block(uint8_t* block, const float* x, int n) const override {
+    if (!compact_) {
+      KvCodec::encode_block(block, x, n);
+      return;
+    }
+    std::memset(block, 0, block_bytes());
+    const int hd = shape_.head_dim, kv_dim = shape_.kv_dim(), groups = shape_.block_size * head_groups_;
+    std::vector<float> lo(static_cast<size_t>(groups), 0.0f), hi(lo.size(), 0.0f), sc(lo.size()), mn(lo.size());
+    for (int h = 0; h < shape_.n_kv_heads; ++h) {
+      for (int t = 0; t < n; ++t)
+        for (int g = 0; g < head_groups_; ++g) {
+          const float* xg = x + size_t(t) * kv_dim + h * hd + g * group_;
+          const auto [l, u] = std::minmax_element(xg, xg + group_);
+          lo[size_t(t * head_groups_ + g)] = *l;
+          hi[size_t(t * head_groups_ + g)] = *u;
+        }
+      scale8::encode_run(lo.data(), hi.data(), groups, (1 << B) - 1, head_run(block, h), sc.data(), mn.data());
+      for (int t = 0; t < n; ++t) {
+        uint8_t* row = code_row(block, t, h);
+        for (int d = 0; d < hd; ++d) {
+          const size_t g = size_t(t * head_groups_ + d / group_);
+          set_code<B>(row, d, quantize<B>(x[size_t(t) * kv_dim + h * hd + d], mn[g], inverse(sc[g])));
+        }
+      }
+    }
+  }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
+    if (compact_) fail("{} encodes whole blocks, not single tokens", this->config_.describe());
     if (head_major_)
       for (int h = 0; h < shape_.n_kv_heads; ++h) std::memset(code_row(block, slot, h), 0, head_code_bytes_);
     else
@@ -144,7 +181,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   }
 
   int token_spans(int slot, int kv_head, ByteSpan* out) const override {
-    if (!head_major_) return 0;
+    if (!head_major_ || compact_) return 0;
     const size_t head = size_t(kv_head) * head_bytes_, pairs = size_t(head_groups_) * 2 * sizeof(fp16_t);
     out[0] = {head + size_t(slot) * head_code_bytes_, head_code_bytes_};
     out[1] = {head + size_t(shape_.block_size) * head_code_bytes_ + size_t(slot) * pairs, pairs};
@@ -156,8 +193,15 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     const int hd = shape_.head_dim, first = kv_head * hd;
     if (head_major_) {  // the head's groups lie within it: one (scale, min) per group_ codes
       for (int g = 0; g < head_groups_; ++g) {
-        const fp16_t* meta = pair(block, slot, first / group_ + g);
-        const float scale = fp16_to_fp32(meta[0]), min = fp16_to_fp32(meta[1]);
+        float scale, min;
+        if (compact_) {
+          scale8::decode_one(head_run(block, kv_head), shape_.block_size * head_groups_, slot * head_groups_ + g,
+                             &scale, &min);
+        } else {
+          const fp16_t* meta = pair(block, slot, first / group_ + g);
+          scale = fp16_to_fp32(meta[0]);
+          min = fp16_to_fp32(meta[1]);
+        }
         int d = g * group_;
 #if defined(__AVX2__) && defined(__FMA__)
         // 8 bytes at a time: 8 codes (B = 8) or 16 (B = 4: low nibbles are
@@ -211,7 +255,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     if (!pairs_ready_ || n <= 0) return false;
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
     const uint8_t* codes = head_codes(block, kv_head);
-    const uint8_t* meta = codes + size_t(shape_.block_size) * head_code_bytes_;
+    const uint8_t* meta = head_pairs(block, kv_head);
 #if defined(__AVX512BW__)
     simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
     const float qmax = folded_qmax<B>(n2);
@@ -298,7 +342,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   struct HeadSource {
     using Order = simd::Lanes<B>;
     const uint8_t* block;
-    size_t code_off, code_stride, meta_off, meta_stride;  // in bytes
+    size_t code_off, code_stride;  // in bytes
+    const uint8_t* meta;           // token 0's (scale, min) pairs
+    size_t meta_stride;            // in bytes
     int head_dim;
     struct Cursor {
       const uint8_t* codes;
@@ -311,11 +357,11 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     };
     void prefetch(int n) const {
       simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8);
-      simd::prefetch_rows(block + meta_off, meta_stride, n, 2 * sizeof(fp16_t));
+      simd::prefetch_rows(meta, meta_stride, n, 2 * sizeof(fp16_t));
     }
     Cursor token(int t) const {
       fp16_t sm[2];
-      std::memcpy(sm, block + meta_off + size_t(t) * meta_stride, sizeof sm);
+      std::memcpy(sm, meta + size_t(t) * meta_stride, sizeof sm);
       return {block + code_off + size_t(t) * code_stride, _mm512_set1_ps(fp16_to_fp32(sm[0])),
               _mm512_set1_ps(fp16_to_fp32(sm[1]))};
     }
@@ -324,7 +370,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   struct GroupSource {
     using Order = simd::Lanes<B>;
     const uint8_t* block;
-    size_t code_off, code_stride, meta_off, meta_stride;  // in bytes
+    size_t code_off, code_stride;  // in bytes
+    const uint8_t* meta;           // token 0's (scale, min) pairs
+    size_t meta_stride;            // in bytes
     int head_dim;
     __mmask16 group_mask;      // one bit per group of the head
     const int32_t* lane_group;  // (head_dim) group of each lane-order position
@@ -344,11 +392,11 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     void prefetch(int n) const {
       simd::prefetch_rows(block + code_off, code_stride, n, size_t(head_dim) * B / 8);
       const size_t groups = size_t(__builtin_popcount(unsigned(group_mask)));
-      simd::prefetch_rows(block + meta_off, meta_stride, n, groups * 2 * sizeof(fp16_t));
+      simd::prefetch_rows(meta, meta_stride, n, groups * 2 * sizeof(fp16_t));
     }
     Cursor token(int t) const {
       Cursor cur{block + code_off + size_t(t) * code_stride, {}, {}, lane_group};
-      simd::split_pairs(_mm512_maskz_loadu_epi32(group_mask, block + meta_off + size_t(t) * meta_stride), cur.scale,
+      simd::split_pairs(_mm512_maskz_loadu_epi32(group_mask, meta + size_t(t) * meta_stride), cur.scale,
                         cur.min);
       return cur;
     }
@@ -357,14 +405,15 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   void with_source(const uint8_t* block, int kv_head, F&& f) const {
     const int hd = shape_.head_dim;
     const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(kv_head * hd) * B / 8;
-    const size_t meta_off = size_t(reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_)) - block);
+    const uint8_t* meta = head_major_ ? head_pairs(block, kv_head)
+                                      : reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_));
     const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
     const size_t meta_stride = head_major_ ? size_t(head_groups_) * 2 * sizeof(fp16_t) : token_bytes_;
     if (group_ >= hd) {
-      f(HeadSource{block, code_off, code_stride, meta_off, meta_stride, hd});
+      f(HeadSource{block, code_off, code_stride, meta, meta_stride, hd});
     } else {
       const __mmask16 mask = __mmask16((1u << (hd / group_)) - 1);
-      f(GroupSource{block, code_off, code_stride, meta_off, meta_stride, hd, mask, lane_group_.data()});
+      f(GroupSource{block, code_off, code_stride, meta, meta_stride, hd, mask, lane_group_.data()});
     }
   }
 #endif
@@ -379,8 +428,24 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     return block + size_t(slot) * token_bytes_;
   }
   int index(int e) const { return head_major_ ? e % shape_.head_dim : e; }
-  // Head-major: the first byte of KV head kv_head's codes (its pairs follow them).
+  // Head-major: the first byte of KV head kv_head's codes (its metadata follows them).
   const uint8_t* head_codes(const uint8_t* block, int kv_head) const { return block + size_t(kv_head) * head_bytes_; }
+  // 8-bit scales: the run of head kv_head's (token, group) pairs.
+  template <class P>
+  P* head_run(P* block, int kv_head) const {
+    return block + size_t(kv_head) * head_bytes_ + size_t(shape_.block_size) * head_code_bytes_;
+  }
+  // Head-major: the head's (token, group) pairs as fp16 (scale, min): in the
+  // block, or with 8-bit scales decoded into per-thread scratch (valid until
+  // this thread's next call).
+  const uint8_t* head_pairs(const uint8_t* block, int kv_head) const {
+    if (!compact_) return head_run(block, kv_head);
+    thread_local std::vector<fp16_t> pairs;
+    const int groups = shape_.block_size * head_groups_;
+    pairs.resize(2 * size_t(groups));
+    scale8::decode_run_pairs(head_run(block, kv_head), groups, pairs.data());
+    return reinterpret_cast<const uint8_t*>(pairs.data());
+  }
   // The (scale, min) pair of group g of the row of token slot.
   template <class P>
   auto* pair(P* block, int slot, int g) const {
@@ -399,6 +464,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
   int head_groups_;         // groups per head (head-major)
   size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
+  bool compact_;            // 8-bit scales (kv/scale8.h): one run per (block, head)
   bool simd_ = false;
   bool pairs_ready_ = false;         // integer_accumulate applies
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head

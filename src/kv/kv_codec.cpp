@@ -60,6 +60,7 @@ std::string KvCodecConfig::describe() const {
   if (!kv_dtype_is_quantized(dtype) || dtype == KvDType::Q4_0) out = std::string(kv_dtype_name(dtype));
   else if (is_static()) out = fmt::format("{}/static", kv_dtype_name(dtype));
   else out = fmt::format("{}/{}/g{}", kv_dtype_name(dtype), kv_grouping_name(grouping), group_size);
+  if (scale_bits == 8 && kv_dtype_is_quantized(dtype) && dtype != KvDType::Q4_0 && !is_static()) out += "+s8";
   return pre_rope ? out + "+prerope" : out;
 }
 
@@ -91,6 +92,9 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
          shape.head_dim);
   const int kv_dim = shape.kv_dim();
   KvCodecConfig c = config;
+  if (c.scale_bits != 16 && c.scale_bits != 8) fail("KV scale bits must be 16 or 8 (got {})", c.scale_bits);
+  // Only dynamic integer groups store scales; elsewhere the setting has nothing to apply to.
+  if (!kv_dtype_is_quantized(c.dtype) || c.dtype == KvDType::Q4_0 || c.is_static()) c.scale_bits = 16;
   if (!kv_dtype_is_quantized(c.dtype)) {
     if (c.is_static()) fail("static scales apply to integer KV types, not {}", kv_dtype_name(c.dtype));
     return make_float_codec(c, shape);
@@ -123,6 +127,13 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
       fail("channel group of {} tokens is larger than the block of {} tokens", c.group_size, shape.block_size);
     if (shape.block_size % c.group_size != 0)
       fail("channel group of {} tokens must divide the block size {}", c.group_size, shape.block_size);
+  }
+  if (c.scale_bits == 8) {
+    const bool head_major = shape.head_dim * kv_dtype_bits(c.dtype) % 8 == 0 &&
+                            (c.grouping == KvGrouping::Channel || shape.head_dim % c.group_size == 0);
+    if (!head_major)
+      fail("8-bit KV scales need head-major blocks: token groups within a head and head_dim * bits filling whole "
+           "bytes ({} with head_dim {})", c.describe(), shape.head_dim);
   }
   return make_int_codec(c, shape);
 }

@@ -83,9 +83,15 @@ struct KvCodecConfig {
   // query by each key's position instead. Per-channel groups see stable
   // channel statistics this way instead of channel pairs rotating within a block.
   bool pre_rope = false;
+  // Bits of each stored (scale, min) pair member of dynamic integer groups:
+  // 16 (fp16 pairs) or 8 (kv/scale8.h: one byte each plus an fp16 header per
+  // run of groups; head-major layouts only, and token groups then encode
+  // whole blocks, like channel groups). Ignored by types without such pairs
+  // (float, q4_0, static scales).
+  int scale_bits = 16;
 
   bool is_static() const { return !static_min.empty(); }
-  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope
+  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope, "+s8" with 8-bit scales
 };
 
 // A run of bytes inside a block: [offset, offset + size).

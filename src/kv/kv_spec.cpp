@@ -56,27 +56,39 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
     }
 }
 
-std::vector<std::string> kv_preset_names() { return {"fp32", "fp16", "int8", "int4", "int2"}; }
+std::vector<std::string> kv_preset_names() {
+  return {"fp32", "fp16", "int8", "int4", "int4-small", "int2", "int2-small"};
+}
 
-void apply_kv_preset(KvCacheOptions& options, const std::string& name) {
+void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep_block_size) {
   options.layers.clear();
+  const bool small = name == "int4-small" || name == "int2-small";
+  if (small && !keep_block_size) options.block_size = 32;
   const int bs = options.block_size;
   if (name == "fp32" || name == "fp16") {
     options.set_dtype(parse_kv_dtype(name));
     options.residual = 0;
-  } else if (name == "int8" || name == "int4" || name == "int2") {
+  } else if (name == "int8" || name == "int4" || name == "int2" || small) {
     // The layout that measured best at each width (BENCHMARKS.md, "Presets"):
     // keys per channel over a block (KIVI), values per token with one group
     // per head, recent tokens in FP16. Only INT2 needs keys stored before
     // RoPE (KVQuant) to stay usable; at 8 and 4 bits it gains little and
-    // slows long-context decode (a query rotation per key).
-    const KvDType t = parse_kv_dtype(name);
+    // slows long-context decode (a query rotation per key). The -small
+    // presets store each group's scale and min in 8 bits (kv/scale8.h) and
+    // spread the key groups over 32-token blocks: the smallest layouts that
+    // met the quality targets (BENCHMARKS.md, "8-bit scales").
+    const KvDType t = parse_kv_dtype(name.substr(0, 4));
     options.k = {t, KvGrouping::Channel, 0, {}, {}};
-    options.k.pre_rope = name == "int2";
+    options.k.pre_rope = t == KvDType::INT2;
     options.v = {t, KvGrouping::Token, 0, {}, {}};
     options.residual = (name == "int8" ? 1 : 2) * bs;
+    if (small) {
+      options.k.scale_bits = options.v.scale_bits = 8;
+      options.residual = 64;  // two 32-token blocks; a multiple of any smaller block size given
+      if (options.residual % bs != 0) options.residual = bs;
+    }
   } else {
-    fail("unknown --kv-preset '{}' (expected fp32, fp16, int8, int4 or int2)", name);
+    fail("unknown --kv-preset '{}' (expected fp32, fp16, int8, int4, int4-small, int2 or int2-small)", name);
   }
 }
 

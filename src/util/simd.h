@@ -27,4 +27,28 @@ inline float hmax8(__m256 v) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// e^x for x <= 0, within 2 ulp; 0 below -104, where e^x rounds to 0 in float.
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n ln2 is exact to
+// float precision), e^r by its degree-7 Taylor polynomial (truncation error
+// under 1e-8 relative on that range), then scaled by 2^n, which also rounds
+// subnormal results correctly.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2's high 15 bits
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860676533018708e-6f), r);    // ln2 - high part
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
 }  // namespace kvserve::simd

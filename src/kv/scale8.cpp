@@ -1,0 +1,121 @@
+#include "kv/scale8.h"
+
+#include "util/simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kvserve::scale8 {
+namespace {
+
+// 2^(-j/16), j = 0..15.
+const float* fraction_table() {
+  static const auto table = [] {
+    struct T { float v[16]; } t{};
+    for (int j = 0; j < 16; ++j) t.v[j] = float(std::exp2(-double(j) / 16));
+    return t;
+  }();
+  return table.v;
+}
+
+fp16_t round_up_fp16(float x) {  // the smallest fp16 >= x, for 0 <= x
+  fp16_t h = fp32_to_fp16(x);
+  if (fp16_to_fp32(h) < x && h < 0x7BFF) ++h;  // positive halves order like their bits
+  return h;
+}
+
+float scale_of(float d, int k) { return fp16_to_fp32(fp32_to_fp16(std::ldexp(d * fraction_table()[k & 15], -(k >> 4)))); }
+float min_of(float dm, int m) { return fp16_to_fp32(fp32_to_fp16(dm * float(m))); }
+
+struct Header {
+  float d, dm;
+};
+Header header(const uint8_t* src) {
+  fp16_t h[2];
+  std::memcpy(h, src, sizeof h);
+  return {fp16_to_fp32(h[0]), fp16_to_fp32(h[1])};
+}
+
+}  // namespace
+
+void encode_run(const float* lo, const float* hi, int count, int levels, uint8_t* dst, float* scale, float* min) {
+  uint8_t* ks = dst + kHeaderBytes;
+  int8_t* ms = reinterpret_cast<int8_t*>(ks + count);
+  float lo_max = 0;
+  for (int g = 0; g < count; ++g) lo_max = std::max(lo_max, std::fabs(lo[g]));
+  const fp16_t dm16 = round_up_fp16(lo_max / 127);
+  const float dm = fp16_to_fp32(dm16);
+  // Mins first (rounded down); each scale then spans hi from its stored min.
+  float top = 0;
+  for (int g = 0; g < count; ++g) {
+    int m = dm > 0 ? int(std::floor(lo[g] / dm)) : 0;
+    m = std::clamp(m, -128, 127);
+    while (m > -128 && min_of(dm, m) > lo[g]) --m;
+    ms[g] = int8_t(m);
+    min[g] = min_of(dm, m);
+    scale[g] = (hi[g] - min[g]) / float(levels);  // the scale needed, for now
+    top = std::max(top, scale[g]);
+  }
+  const fp16_t d16 = round_up_fp16(top);
+  const float d = fp16_to_fp32(d16);
+  for (int g = 0; g < count; ++g) {
+    const float need = scale[g];
+    int k = 255;
+    if (d > 0 && need > 0) k = std::clamp(int(std::floor(16 * std::log2(double(d) / double(need)))), 0, 255);
+    while (k > 0 && scale_of(d, k) < need) --k;
+    ks[g] = uint8_t(k);
+    scale[g] = scale_of(d, k);
+  }
+  const fp16_t h[2] = {d16, dm16};
+  std::memcpy(dst, h, sizeof h);
+}
+
+// Groups [g0, g0 + n) of a run of count groups into scale[0, n), min[0, n).
+static void decode_piece(const uint8_t* src, int count, int g0, int n, float* scale, float* min) {
+  const Header h = header(src);
+  const uint8_t* ks = src + kHeaderBytes + g0;
+  const int8_t* ms = reinterpret_cast<const int8_t*>(src + kHeaderBytes + count + g0);
+  int g = 0;
+#if defined(__AVX512F__)
+  // The scalar expressions 16 groups at a time: d * 2^(-(k & 15) / 16) from a
+  // one-register table, times 2^-(k >> 4) (exact), each rounded through fp16.
+  const __m512 frac = _mm512_loadu_ps(fraction_table()), d = _mm512_set1_ps(h.d), dm = _mm512_set1_ps(h.dm);
+  auto through_fp16 = [](__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); };
+  for (; g + 16 <= n; g += 16) {
+    const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks + g)));
+    const __m512i m = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + g)));
+    const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(k, 4)));
+    _mm512_storeu_ps(scale + g, through_fp16(_mm512_scalef_ps(_mm512_mul_ps(d, _mm512_permutexvar_ps(k, frac)), e)));
+    _mm512_storeu_ps(min + g, through_fp16(_mm512_mul_ps(dm, _mm512_cvtepi32_ps(m))));
+  }
+#endif
+  for (; g < n; ++g) {
+    scale[g] = scale_of(h.d, ks[g]);
+    min[g] = min_of(h.dm, ms[g]);
+  }
+}
+
+void decode_run(const uint8_t* src, int count, float* scale, float* min) {
+  decode_piece(src, count, 0, count, scale, min);
+}
+
+void decode_run_pairs(const uint8_t* src, int count, fp16_t* pairs) {
+  float scale[64], min[64];
+  for (int g0 = 0; g0 < count; g0 += 64) {  // runs are read in pieces of 64 groups
+    const int n = std::min(64, count - g0);
+    decode_piece(src, count, g0, n, scale, min);
+    for (int g = 0; g < n; ++g) {
+      pairs[2 * (g0 + g)] = fp32_to_fp16(scale[g]);
+      pairs[2 * (g0 + g) + 1] = fp32_to_fp16(min[g]);
+    }
+  }
+}
+
+void decode_one(const uint8_t* src, int count, int g, float* scale, float* min) {
+  const Header h = header(src);
+  *scale = scale_of(h.d, src[kHeaderBytes + size_t(g)]);
+  *min = min_of(h.dm, int8_t(src[kHeaderBytes + size_t(count) + size_t(g)]));
+}
+
+}  // namespace kvserve::scale8
