@@ -50,11 +50,13 @@ TEST_F(KvQuality, Fp32AgainstItselfIsExact) {
 
 TEST_F(KvQuality, PresetsDegradeInOrderOfTheirBits) {
   // Bounds are 3-5x the KL measured on these 4 chunks (3e-6, 2e-5, 4.6e-4,
-  // 1.7e-2; BENCHMARKS.md has the 100-chunk numbers), so a codec regression
-  // trips them.
+  // 5.4e-4, 1.7e-2, 2.2e-2; BENCHMARKS.md has the 100-chunk numbers), so a
+  // codec regression trips them. The -small presets (8-bit scales, 32-token
+  // key groups) cost a little more than their full-size namesakes.
   double last_kl = -1;
   for (const auto& [name, max_kl] : std::vector<std::pair<std::string, double>>{
-           {"fp16", 1e-5}, {"int8", 8e-5}, {"int4", 1.5e-3}, {"int2", 0.05}}) {
+           {"fp16", 1e-5}, {"int8", 8e-5}, {"int4", 1.5e-3}, {"int4-small", 2e-3}, {"int2", 0.05},
+           {"int2-small", 0.07}}) {
     KvCacheOptions o;
     apply_kv_preset(o, name);
     const PerplexityResult r = run(o);

@@ -71,44 +71,60 @@ void encode_run(const float* lo, const float* hi, int count, int levels, uint8_t
   std::memcpy(dst, h, sizeof h);
 }
 
-// Groups [g0, g0 + n) of a run of count groups into scale[0, n), min[0, n).
-static void decode_piece(const uint8_t* src, int count, int g0, int n, float* scale, float* min) {
+#if defined(__AVX512F__)
+// Groups [g, g + 16) of a run before their fp16 rounding: the scalar
+// expressions 16 at a time, d * 2^(-(k & 15) / 16) from a one-register table
+// times 2^-(k >> 4) (exact), and dm * m (exact).
+struct Raw16 {
+  __m512 scale, min;
+};
+static Raw16 raw16(const uint8_t* ks, const int8_t* ms, const Header& h) {
+  const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks)));
+  const __m512i m = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms)));
+  const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(k, 4)));
+  const __m512 frac = _mm512_loadu_ps(fraction_table());
+  return {_mm512_scalef_ps(_mm512_mul_ps(_mm512_set1_ps(h.d), _mm512_permutexvar_ps(k, frac)), e),
+          _mm512_mul_ps(_mm512_set1_ps(h.dm), _mm512_cvtepi32_ps(m))};
+}
+static __m256i to_fp16(__m512 x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+#endif
+
+void decode_run(const uint8_t* src, int count, float* scale, float* min) {
   const Header h = header(src);
-  const uint8_t* ks = src + kHeaderBytes + g0;
-  const int8_t* ms = reinterpret_cast<const int8_t*>(src + kHeaderBytes + count + g0);
+  const uint8_t* ks = src + kHeaderBytes;
+  const int8_t* ms = reinterpret_cast<const int8_t*>(ks + count);
   int g = 0;
 #if defined(__AVX512F__)
-  // The scalar expressions 16 groups at a time: d * 2^(-(k & 15) / 16) from a
-  // one-register table, times 2^-(k >> 4) (exact), each rounded through fp16.
-  const __m512 frac = _mm512_loadu_ps(fraction_table()), d = _mm512_set1_ps(h.d), dm = _mm512_set1_ps(h.dm);
-  auto through_fp16 = [](__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); };
-  for (; g + 16 <= n; g += 16) {
-    const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks + g)));
-    const __m512i m = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + g)));
-    const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(k, 4)));
-    _mm512_storeu_ps(scale + g, through_fp16(_mm512_scalef_ps(_mm512_mul_ps(d, _mm512_permutexvar_ps(k, frac)), e)));
-    _mm512_storeu_ps(min + g, through_fp16(_mm512_mul_ps(dm, _mm512_cvtepi32_ps(m))));
+  for (; g + 16 <= count; g += 16) {
+    const Raw16 r = raw16(ks + g, ms + g, h);
+    _mm512_storeu_ps(scale + g, _mm512_cvtph_ps(to_fp16(r.scale)));
+    _mm512_storeu_ps(min + g, _mm512_cvtph_ps(to_fp16(r.min)));
   }
 #endif
-  for (; g < n; ++g) {
+  for (; g < count; ++g) {
     scale[g] = scale_of(h.d, ks[g]);
     min[g] = min_of(h.dm, ms[g]);
   }
 }
 
-void decode_run(const uint8_t* src, int count, float* scale, float* min) {
-  decode_piece(src, count, 0, count, scale, min);
-}
-
 void decode_run_pairs(const uint8_t* src, int count, fp16_t* pairs) {
-  float scale[64], min[64];
-  for (int g0 = 0; g0 < count; g0 += 64) {  // runs are read in pieces of 64 groups
-    const int n = std::min(64, count - g0);
-    decode_piece(src, count, g0, n, scale, min);
-    for (int g = 0; g < n; ++g) {
-      pairs[2 * (g0 + g)] = fp32_to_fp16(scale[g]);
-      pairs[2 * (g0 + g) + 1] = fp32_to_fp16(min[g]);
-    }
+  const Header h = header(src);
+  const uint8_t* ks = src + kHeaderBytes;
+  const int8_t* ms = reinterpret_cast<const int8_t*>(ks + count);
+  int g = 0;
+#if defined(__AVX512F__)
+  for (; g + 16 <= count; g += 16) {
+    const Raw16 r = raw16(ks + g, ms + g, h);
+    const __m256i s = to_fp16(r.scale), m = to_fp16(r.min);
+    // unpacklo: pairs of groups 0-3 and 8-11; unpackhi: 4-7 and 12-15.
+    const __m256i lo = _mm256_unpacklo_epi16(s, m), hi = _mm256_unpackhi_epi16(s, m);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 2 * g), _mm256_permute2x128_si256(lo, hi, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 2 * g + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+  }
+#endif
+  for (; g < count; ++g) {
+    pairs[2 * g] = fp32_to_fp16(scale_of(h.d, ks[g]));
+    pairs[2 * g + 1] = fp32_to_fp16(min_of(h.dm, ms[g]));
   }
 }
 
