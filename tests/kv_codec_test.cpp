@@ -8,6 +8,8 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/rope_table.h"
+#include "kernels/vector_ops.h"
 #include "kv/scale8.h"
 #include "util/error.h"
 
@@ -321,6 +323,58 @@ TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
       }
     }
   }
+}
+
+// Pre-RoPE keys scored with each key rotated by its offset in the block
+// (score_offsets) equal the reference: decode, rope(key, t), dot. Channel
+// codecs with token rows have the kernel (AVX-512); 8-, 4- and 2-bit codes
+// keep a pair's partner in a neighbouring lane or vector, each checked.
+TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
+  int ran = 0;
+  for (const KvBlockShape& s : {KvBlockShape{16, 4, 64}, KvBlockShape{32, 2, 128}, KvBlockShape{16, 2, 32}}) {
+    const RopeTable table(64, s.head_dim, 10000.0f);
+    for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
+      KvCodecConfig c{t, KvGrouping::Channel, 0, {}, {}};
+      c.pre_rope = true;
+      for (int bits : {16, 8}) {
+        c.scale_bits = bits;
+        auto codec = make_kv_codec(c, s);
+        const int kv_dim = s.kv_dim(), hd = s.head_dim, bs = s.block_size;
+        const std::vector<float> x = sample_rows(bs, kv_dim, 12);
+        std::vector<uint8_t> block(codec->block_bytes());
+        for (int n : {bs, bs - 3, 1}) {
+          codec->encode_block(block.data(), x.data(), n);
+          const int n_q = 3, stride = bs + 1;
+          const std::vector<float> q = sample_rows(n_q, hd, 13);
+          std::vector<float> got(size_t(n_q) * stride), key(static_cast<size_t>(kv_dim));
+          for (int h = 0; h < s.n_kv_heads; ++h) {
+            if (!codec->score_offsets(q.data(), n_q, block.data(), n, h, 0.125f, table, got.data(), stride)) continue;
+            ++ran;
+            for (int tok = 0; tok < n; ++tok) {
+              codec->decode_token(block.data(), tok, key.data());
+              rope(key.data() + size_t(h) * hd, 1, hd, tok, 10000.0f);
+              for (int i = 0; i < n_q; ++i) {
+                double ref = 0;
+                for (int d = 0; d < hd; ++d) ref += double(q[size_t(i * hd + d)]) * key[size_t(h * hd + d)];
+                ref *= 0.125;
+                ASSERT_NEAR(got[size_t(i * stride + tok)], ref, 2e-4 * (1 + std::fabs(ref)))
+                    << c.describe() << " hd " << hd << " n " << n << " head " << h << " token " << tok;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+#if defined(__AVX512F__)
+  EXPECT_GT(ran, 0);  // the kernel exists on this build
+#endif
+  // Codecs without the kernel say so and write nothing.
+  auto f16 = make_kv_codec({KvDType::F16}, KvBlockShape{16, 1, 64});
+  std::vector<uint8_t> block(f16->block_bytes());
+  std::vector<float> q(64, 1.0f), scores(16, -7.0f);
+  EXPECT_FALSE(f16->score_offsets(q.data(), 1, block.data(), 16, 0, 1.0f, RopeTable(64, 64, 10000.0f), scores.data(), 16));
+  EXPECT_EQ(scores[0], -7.0f);
 }
 
 // Head-major layouts: everything stored for KV head h (codes and metadata, all

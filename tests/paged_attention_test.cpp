@@ -31,6 +31,17 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
       {{KvDType::INT4, KvGrouping::Channel, 0, {}, {}}, {KvDType::INT2}},
       {{KvDType::Q4_0}, {KvDType::BF16}},
   };
+  // Keys stored before RoPE: channel codecs rotate each key by its offset in
+  // the block (score_offsets), the rest rotate the query per key.
+  for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
+    KvCodecConfig pre{t, KvGrouping::Channel, 0, {}, {}};
+    pre.pre_rope = true;
+    pre.scale_bits = t == KvDType::INT4 ? 8 : 16;
+    codecs.push_back({pre, {KvDType::INT4}});
+  }
+  KvCodecConfig f16_pre{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
+  f16_pre.pre_rope = true;
+  codecs.push_back({f16_pre, {KvDType::F16}});
   for (const auto& [kc, vc] : codecs) {
     for (int bs : {1, 5, 16}) {
       KvCacheOptions o;

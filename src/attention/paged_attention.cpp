@@ -48,6 +48,13 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   const bool pre_rope = cache.k_pre_rope(layer);
   if (pre_rope && scratch.rotated.size() < size_t(bs) * group * head_dim)
     scratch.rotated.resize(size_t(bs) * group * head_dim);
+  // The group's queries rotated back to position p, into scratch.rotated.
+  auto rotate_block_query = [&](int32_t p) {
+    if (p >= cache.rope_table().max_pos()) return false;
+    for (int i = 0; i < group; ++i)
+      cache.rope_table().rotate_back(q + size_t(i) * head_dim, p, scratch.rotated.data() + size_t(i) * head_dim);
+    return true;
+  };
   int32_t span = 0;  // columns of the rows in use
   for (int32_t j = 0; j < std::min(kPrefetchAhead, n_read); ++j)
     prefetch_head_slice(cache.k_view(layer, table, block_at(j), n_ctx), kv_head);
@@ -61,6 +68,11 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
+    } else if (!moved && rotate_block_query(b * bs) &&
+               k.codec->score_offsets(scratch.rotated.data(), group, k.data, n, kv_head, scale, cache.rope_table(),
+                                      block_scores, stride)) {
+      // Keys at positions b * bs + t: the query rotated back once per block,
+      // each key by its offset t in the codec's kernel.
     } else {
       // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
       float* rq = scratch.rotated.data();  // (n, group, head_dim)

@@ -20,6 +20,13 @@ class RopeTable {
   // out (head_dim) = q rotated by -pos: then dot(out, k) == dot(q, rope(k, pos)).
   // REQUIRES: pos < max_pos.
   void rotate_back(const float* q, int pos, float* out) const;
+  // Row pos of the table (head_dim floats each): cos duplicated over each
+  // pair, and sin with each lane's sign, so that rope(k, pos) == k * cos_row
+  // - swap_pairs(k) * sin_row and rotate_back(q) == q * cos_row +
+  // swap_pairs(q) * sin_row.
+  const float* cos_row(int pos) const { return table_.data() + size_t(pos) * 2 * size_t(head_dim_); }
+  const float* sin_row(int pos) const { return cos_row(pos) + head_dim_; }
+  int head_dim() const { return head_dim_; }
 
  private:
   int max_pos_, head_dim_;

@@ -344,6 +344,22 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
+  // Pre-RoPE keys (token rows): each key rotated by its offset in registers
+  // after dequantization, against the block's one query set.
+  bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                     const RopeTable& rope, float* scores, int stride) const override {
+#if defined(__AVX512F__)
+    if (!simd_ || channel_major_ || rope.head_dim() != shape_.head_dim || rope.max_pos() < shape_.block_size)
+      return false;
+    const float* rot = rope_rows_.get(rope, shape_.block_size);
+    if (rot == nullptr) return false;
+    simd::score_rotated(source(block, n, kv_head), q, n_q, n, scale, rot, scores, stride);
+    return true;
+#else
+    return false;
+#endif
+  }
+
   // out_d += scale_d * sum_t w_t code_td + min_d * sum_t w_t, per token group.
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
@@ -738,6 +754,9 @@ class ChannelCodec final : public KvCodec {
   bool simd_ = false;
   bool channel_major_simd_ = false;  // channel_major_ with the integer kernels below
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
+#if defined(__AVX512F__)
+  simd::LaneRopeRows<simd::Lanes<B>> rope_rows_;  // score_offsets' rotations
+#endif
 };
 
 }  // namespace int_codec

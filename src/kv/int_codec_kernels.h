@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
 #include "util/half.h"
 
@@ -212,11 +214,35 @@ inline float* scratch(int slot, size_t n) {
   return buf.data();
 }
 
+// Rotates chunk c of a token's key (lane order, kVecs vectors) forward by the
+// RoPE angles of rows cs (cos) and cs + hd (sin) in lane order:
+// k' = k * cos - partner(k) * sin, where a pair's partner sits in the next
+// (or previous) vector at the same lane when a chunk has several vectors
+// (Lanes<4>, Lanes<2>: element 2i and 2i + 1 are vectors 2m and 2m + 1), and
+// in the neighbouring lane when it has one (natural order).
+template <int kVecs>
+inline void rotate_chunk(const float* cs, int hd, int c, __m512* x) {
+  const float* co = cs + c * kVecs * 16;
+  const float* si = co + hd;
+  if constexpr (kVecs == 1) {
+    const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+    x[0] = _mm512_fnmadd_ps(_mm512_permutexvar_ps(swap, x[0]), _mm512_loadu_ps(si), _mm512_mul_ps(x[0], _mm512_loadu_ps(co)));
+  } else {
+    #pragma GCC unroll 16
+    for (int k = 0; k < kVecs; k += 2) {
+      const __m512 a = x[k], b = x[k + 1];
+      x[k] = _mm512_fnmadd_ps(b, _mm512_loadu_ps(si + 16 * k), _mm512_mul_ps(a, _mm512_loadu_ps(co + 16 * k)));
+      x[k + 1] = _mm512_fnmadd_ps(a, _mm512_loadu_ps(si + 16 * (k + 1)), _mm512_mul_ps(b, _mm512_loadu_ps(co + 16 * (k + 1))));
+    }
+  }
+}
+
 // NQ queries (lane order, (NQ, hd) floats at qp + t * q_token_stride) against
-// the first n tokens of the source.
+// the first n tokens of the source; with rot, token t's key is first rotated
+// by the lane-order rows at rot + t * 2 * hd (rotate_chunk).
 template <int NQ, class Src>
 void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n, float scale, float* scores,
-                   int stride) {
+                   int stride, const float* rot = nullptr) {
   constexpr int kVecs = Src::Order::kVecs;
   const int hd = src.head_dim, chunks = hd / Src::Order::kCodes;
   __m512 part[NQ][16];
@@ -237,6 +263,7 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
       for (int c = 0; c < chunks; ++c) {
         __m512 x[kVecs];
         tok.chunk(c, x);
+        if (rot != nullptr) rotate_chunk<kVecs>(rot + size_t(t) * 2 * hd, hd, c, x);
         #pragma GCC unroll 16
         for (int k = 0; k < kVecs; ++k)
           #pragma GCC unroll 16
@@ -252,6 +279,56 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
     for (int i = 0; i < NQ; ++i)
       _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(s, hsum16(part[i])));
   }
+}
+
+// The lane-order rotation rows score_queries takes: for offsets [0, n), the
+// rope table's cos row then sin row, each chunk put in Order's lane order.
+template <class Order>
+std::vector<float> rope_lanes(const RopeTable& rope, int n) {
+  const int hd = rope.head_dim();
+  std::vector<float> out(size_t(n) * 2 * size_t(hd));
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < hd; c += Order::kCodes) {
+      Order::to_lanes(rope.cos_row(t) + c, out.data() + size_t(t) * 2 * hd + c);
+      Order::to_lanes(rope.sin_row(t) + c, out.data() + size_t(t) * 2 * hd + hd + c);
+    }
+  return out;
+}
+
+// rope_lanes<Order> for one rope table, built on first use (attention
+// threads share a codec) and kept: a block's offsets are 0 .. block_size - 1
+// for every block, so the rows stay in L1. get() returns nullptr for a table
+// other than the first one seen.
+template <class Order>
+class LaneRopeRows {
+ public:
+  const float* get(const RopeTable& rope, int n) const {
+    std::call_once(once_, [&] {
+      table_ = &rope;
+      rows_ = rope_lanes<Order>(rope, n);
+    });
+    return table_ == &rope ? rows_.data() : nullptr;
+  }
+
+ private:
+  mutable std::once_flag once_;
+  mutable const RopeTable* table_ = nullptr;
+  mutable std::vector<float> rows_;
+};
+
+// Shared queries (n_q, head_dim) against keys rotated by rows rot (rope_lanes).
+template <class Src>
+void score_rotated(const Src& src, const float* q, int n_q, int n, float scale, const float* rot, float* scores,
+                   int stride) {
+  using Order = typename Src::Order;
+  const int hd = src.head_dim;
+  src.prefetch(n);
+  float* qp = scratch(0, size_t(n_q) * hd);
+  for (int s = 0; s < n_q; ++s)
+    for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + size_t(s) * hd + c, qp + size_t(s) * hd + c);
+  kvserve::simd::by_query_passes(n_q, [&](auto m, int i) {
+    score_queries<m>(src, qp + size_t(i) * hd, 0, n, scale, scores + size_t(i) * stride, stride, rot);
+  });
 }
 
 // q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.

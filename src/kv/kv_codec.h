@@ -46,6 +46,8 @@
 
 namespace kvserve {
 
+class RopeTable;
+
 enum class KvDType : uint8_t { F32, F16, BF16, INT8, INT4, INT2, Q4_0 };
 enum class KvGrouping : uint8_t { Token, Channel };
 
@@ -139,6 +141,17 @@ class KvCodec {
   // rotated to each key's position): q is (n, n_q, head_dim) floats.
   virtual void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                             float* scores, int stride) const;
+  // Pre-RoPE keys of a block whose token t sits at position first + t,
+  // against queries already rotated back by `first` (rope.rotate_back): only
+  // each key's offset t within the block remains, applied to the key in
+  // registers with rope's rows 0 .. n-1, so all tokens share one query set:
+  //   scores[i * stride + t] = scale * dot(q + i * head_dim, rope(key_t, t))
+  // Returns false, writing nothing, where the codec has no such kernel;
+  // callers then rotate the query per key and call score_tokens.
+  virtual bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                             const RopeTable& rope, float* scores, int stride) const {
+    return false;
+  }
   // Weighted sum of the first n values of the block:
   //   out[i * head_dim + d] += sum_t weights[i * stride + t] * value_t[kv_head][d]
   virtual void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n,
