@@ -31,10 +31,17 @@ float min_of(float dm, int m) { return fp16_to_fp32(fp32_to_fp16(dm * float(m)))
 struct Header {
   float d, dm;
 };
-Header header(const uint8_t* src) {
+// A stored run: its header's units, then the groups' scale and min bytes.
+struct Run {
+  Header h;
+  const uint8_t* ks;
+  const int8_t* ms;
+};
+Run open_run(const uint8_t* src, int count) {
   fp16_t h[2];
   std::memcpy(h, src, sizeof h);
-  return {fp16_to_fp32(h[0]), fp16_to_fp32(h[1])};
+  const uint8_t* ks = src + kHeaderBytes;
+  return {{fp16_to_fp32(h[0]), fp16_to_fp32(h[1])}, ks, reinterpret_cast<const int8_t*>(ks + count)};
 }
 
 }  // namespace
@@ -78,9 +85,10 @@ void encode_run(const float* lo, const float* hi, int count, int levels, uint8_t
 struct Raw16 {
   __m512 scale, min;
 };
-static Raw16 raw16(const uint8_t* ks, const int8_t* ms, const Header& h) {
-  const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks)));
-  const __m512i m = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms)));
+static Raw16 raw16(const Run& r, int g) {
+  const Header& h = r.h;
+  const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.ks + g)));
+  const __m512i m = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.ms + g)));
   const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(k, 4)));
   const __m512 frac = _mm512_loadu_ps(fraction_table());
   return {_mm512_scalef_ps(_mm512_mul_ps(_mm512_set1_ps(h.d), _mm512_permutexvar_ps(k, frac)), e),
@@ -90,31 +98,24 @@ static __m256i to_fp16(__m512 x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEARE
 #endif
 
 void decode_run(const uint8_t* src, int count, float* scale, float* min) {
-  const Header h = header(src);
-  const uint8_t* ks = src + kHeaderBytes;
-  const int8_t* ms = reinterpret_cast<const int8_t*>(ks + count);
   int g = 0;
 #if defined(__AVX512F__)
+  const Run run = open_run(src, count);
   for (; g + 16 <= count; g += 16) {
-    const Raw16 r = raw16(ks + g, ms + g, h);
+    const Raw16 r = raw16(run, g);
     _mm512_storeu_ps(scale + g, _mm512_cvtph_ps(to_fp16(r.scale)));
     _mm512_storeu_ps(min + g, _mm512_cvtph_ps(to_fp16(r.min)));
   }
 #endif
-  for (; g < count; ++g) {
-    scale[g] = scale_of(h.d, ks[g]);
-    min[g] = min_of(h.dm, ms[g]);
-  }
+  for (; g < count; ++g) decode_one(src, count, g, scale + g, min + g);
 }
 
 void decode_run_pairs(const uint8_t* src, int count, fp16_t* pairs) {
-  const Header h = header(src);
-  const uint8_t* ks = src + kHeaderBytes;
-  const int8_t* ms = reinterpret_cast<const int8_t*>(ks + count);
   int g = 0;
 #if defined(__AVX512F__)
+  const Run run = open_run(src, count);
   for (; g + 16 <= count; g += 16) {
-    const Raw16 r = raw16(ks + g, ms + g, h);
+    const Raw16 r = raw16(run, g);
     const __m256i s = to_fp16(r.scale), m = to_fp16(r.min);
     // unpacklo: pairs of groups 0-3 and 8-11; unpackhi: 4-7 and 12-15.
     const __m256i lo = _mm256_unpacklo_epi16(s, m), hi = _mm256_unpackhi_epi16(s, m);
@@ -123,15 +124,17 @@ void decode_run_pairs(const uint8_t* src, int count, fp16_t* pairs) {
   }
 #endif
   for (; g < count; ++g) {
-    pairs[2 * g] = fp32_to_fp16(scale_of(h.d, ks[g]));
-    pairs[2 * g + 1] = fp32_to_fp16(min_of(h.dm, ms[g]));
+    float scale, min;
+    decode_one(src, count, g, &scale, &min);
+    pairs[2 * g] = fp32_to_fp16(scale);
+    pairs[2 * g + 1] = fp32_to_fp16(min);
   }
 }
 
 void decode_one(const uint8_t* src, int count, int g, float* scale, float* min) {
-  const Header h = header(src);
-  *scale = scale_of(h.d, src[kHeaderBytes + size_t(g)]);
-  *min = min_of(h.dm, int8_t(src[kHeaderBytes + size_t(count) + size_t(g)]));
+  const Run run = open_run(src, count);
+  *scale = scale_of(run.h.d, run.ks[g]);
+  *min = min_of(run.h.dm, run.ms[g]);
 }
 
 }  // namespace kvserve::scale8
