@@ -348,7 +348,14 @@ TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
           const std::vector<float> q = sample_rows(n_q, hd, 13);
           std::vector<float> got(size_t(n_q) * stride), key(static_cast<size_t>(kv_dim));
           for (int h = 0; h < s.n_kv_heads; ++h) {
-            if (!codec->score_offsets(q.data(), n_q, block.data(), n, h, 0.125f, table, got.data(), stride)) continue;
+            const bool has_kernel =
+                codec->score_offsets(q.data(), n_q, block.data(), n, h, 0.125f, table, got.data(), stride);
+#if defined(__AVX512F__)
+            // Every width and scale format has the kernel where a head is whole
+            // chunks of 16 * 8 / bits codes.
+            EXPECT_EQ(has_kernel, hd % (16 * 8 / kv_dtype_bits(t)) == 0) << c.describe() << " hd " << hd;
+#endif
+            if (!has_kernel) continue;
             ++ran;
             for (int tok = 0; tok < n; ++tok) {
               codec->decode_token(block.data(), tok, key.data());

@@ -50,7 +50,8 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
           layer.k_staged = residual_ > 0 && kv_dtype_is_quantized(layer.k->dtype());
           layer.v_staged = residual_ > 0 && kv_dtype_is_quantized(layer.v->dtype());
           if ((!layer.k_staged && !layer.k->encodes_tokens()) || (!layer.v_staged && !layer.v->encodes_tokens()))
-            fail("per-channel KV groups need a residual window of at least one block (--kv-residual {})",
+            fail("KV codecs that encode whole blocks (per-channel groups, 8-bit scales) need a residual window "
+                 "of at least one block (--kv-residual {})",
                  options.block_size);
           staged_ = staged_ || layer.k_staged || layer.v_staged;
         }

@@ -63,7 +63,7 @@ std::vector<std::string> kv_preset_names() {
 void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep_block_size) {
   options.layers.clear();
   const bool small = name == "int4-small" || name == "int2-small";
-  if (small && !keep_block_size) options.block_size = 32;
+  if (small && !keep_block_size) options.block_size = 32;  // part of the preset: library callers too
   const int bs = options.block_size;
   if (name == "fp32" || name == "fp16") {
     options.set_dtype(parse_kv_dtype(name));
@@ -85,7 +85,7 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep
     if (small) {
       options.k.scale_bits = options.v.scale_bits = 8;
       options.residual = 64;  // two 32-token blocks; a multiple of any smaller block size given
-      if (options.residual % bs != 0) options.residual = bs;
+      if (bs > 0 && options.residual % bs != 0) options.residual = bs;  // bs <= 0: KvCache refuses it
     }
   } else {
     fail("unknown --kv-preset '{}' (expected fp32, fp16, int8, int4, int4-small, int2 or int2-small)", name);

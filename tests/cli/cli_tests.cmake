@@ -44,6 +44,12 @@ kvserve_error_test(cli.error_bad_dtype "unknown KV dtype"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int3)
 kvserve_error_test(cli.error_block_size_zero "block-size"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --block-size 0)
+kvserve_error_test(cli.error_small_preset_block_size_zero "block-size"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int4-small --block-size 0)
+kvserve_error_test(cli.error_scale_bits "scale-bits"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 12)
+kvserve_error_test(cli.error_eight_bit_scales_without_window "residual window"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 8 --kv-residual 0)
 kvserve_error_test(cli.error_ppl_ctx "--ctx"
   perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 4096)
 
