@@ -10,7 +10,9 @@
 // magnitude (outlier channels); mins are linear because they sit on either
 // side of zero. The encoder rounds each min down and each scale up, so the
 // group's codes still cover [lo, hi] without clipping, then quantizes against
-// the decoded pair: what decode returns is exactly what the codes mean.
+// the decoded pair: what decode returns is exactly what the codes mean. A
+// group more than 2^16 times narrower than the run's widest gets the
+// smallest scale, d * 2^(-255/16): still no clipping, just coarser codes.
 // Run layout: d, dm (fp16), k[count] (uint8), m[count] (int8).
 #pragma once
 
