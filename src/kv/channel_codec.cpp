@@ -353,7 +353,7 @@ class ChannelCodec final : public KvCodec {
       return false;
     const float* rot = rope_rows_.get(rope, shape_.block_size);
     if (rot == nullptr) return false;
-    simd::score_rotated(source(block, n, kv_head), q, n_q, n, scale, rot, scores, stride);
+    simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride, rot);
     return true;
 #else
     return false;
@@ -704,25 +704,17 @@ class ChannelCodec final : public KvCodec {
   static size_t head_run_bytes(const KvCodecConfig& c, const KvBlockShape& s) {
     return c.scale_bits == 8 ? scale8::run_bytes(s.head_dim) : size_t(s.head_dim) * 2 * sizeof(fp16_t);
   }
-  // scale/min of channels [first, first + count) for token group tg.
+  // scale/min of channels [first, first + count) for token group tg; with
+  // 8-bit scales whole heads (every caller asks for one head or the row).
   void load_affine(const uint8_t* block, int tg, int first, int count, float* scale, float* min) const {
     if (static_) {
       std::copy_n(static_scale_.begin() + first, count, scale);
       std::copy_n(static_min_.begin() + first, count, min);
       return;
     }
-    if (compact_) {  // whole heads' runs, then the slice asked for
+    if (compact_) {
       const int hd = shape_.head_dim;
-      thread_local std::vector<float> sc, mn;
-      sc.resize(size_t(hd));
-      mn.resize(size_t(hd));
-      for (int h = first / hd; h * hd < first + count; ++h) {
-        scale8::decode_run(run(block, tg, h), hd, sc.data(), mn.data());
-        for (int d = std::max(first, h * hd); d < std::min(first + count, (h + 1) * hd); ++d) {
-          scale[d - first] = sc[size_t(d - h * hd)];
-          min[d - first] = mn[size_t(d - h * hd)];
-        }
-      }
+      for (int d = 0; d < count; d += hd) scale8::decode_run(run(block, tg, (first + d) / hd), hd, scale + d, min + d);
       return;
     }
     for (int d = 0; d < count; ++d) {

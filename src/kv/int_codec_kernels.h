@@ -316,25 +316,12 @@ class LaneRopeRows {
   mutable std::vector<float> rows_;
 };
 
-// Shared queries (n_q, head_dim) against keys rotated by rows rot (rope_lanes).
-template <class Src>
-void score_rotated(const Src& src, const float* q, int n_q, int n, float scale, const float* rot, float* scores,
-                   int stride) {
-  using Order = typename Src::Order;
-  const int hd = src.head_dim;
-  src.prefetch(n);
-  float* qp = scratch(0, size_t(n_q) * hd);
-  for (int s = 0; s < n_q; ++s)
-    for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + size_t(s) * hd + c, qp + size_t(s) * hd + c);
-  kvserve::simd::by_query_passes(n_q, [&](auto m, int i) {
-    score_queries<m>(src, qp + size_t(i) * hd, 0, n, scale, scores + size_t(i) * stride, stride, rot);
-  });
-}
-
-// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.
+// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q. rot:
+// keys rotated by these rows first (rope_lanes; pre-RoPE keys by their
+// offset in the block), or nullptr.
 template <class Src>
 void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores,
-           int stride) {
+           int stride, const float* rot = nullptr) {
   using Order = typename Src::Order;
   const int hd = src.head_dim;
   src.prefetch(n);
@@ -344,7 +331,7 @@ void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, flo
     for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
   const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
   kvserve::simd::by_query_passes(n_q, [&](auto m, int i) {
-    score_queries<m>(src, qp + size_t(i) * hd, q_token_stride, n, scale, scores + size_t(i) * stride, stride);
+    score_queries<m>(src, qp + size_t(i) * hd, q_token_stride, n, scale, scores + size_t(i) * stride, stride, rot);
   });
 }
 

@@ -149,13 +149,13 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           hi[size_t(t * head_groups_ + g)] = *u;
         }
       scale8::encode_run(lo.data(), hi.data(), groups, (1 << B) - 1, head_run(block, h), sc.data(), mn.data());
-      for (int t = 0; t < n; ++t) {
-        uint8_t* row = code_row(block, t, h);
-        for (int d = 0; d < hd; ++d) {
-          const size_t g = size_t(t * head_groups_ + d / group_);
-          set_code<B>(row, d, quantize<B>(x[size_t(t) * kv_dim + h * hd + d], mn[g], inverse(sc[g])));
+      for (int t = 0; t < n; ++t)
+        for (int g = 0; g < head_groups_; ++g) {
+          const size_t i = size_t(t * head_groups_ + g);
+          const float inv = inverse(sc[i]);
+          for (int d = g * group_; d < (g + 1) * group_; ++d)
+            set_code<B>(code_row(block, t, h), d, quantize<B>(x[size_t(t) * kv_dim + h * hd + d], mn[i], inv));
         }
-      }
     }
   }
 
