@@ -145,7 +145,8 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
     if (b + kAhead < set.n_blocks) prefetch_head(arena + size_t(b + kAhead) * block_step, set.k_bytes, kv_head);
     set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * set.block, stride);
   }
-  for (int i = 0; i < kGroup; ++i) softmax(scores + size_t(i) * stride, set.n_ctx);
+  float inv_sum[kGroup];  // unnormalized weights, as attend_kv_head
+  for (int i = 0; i < kGroup; ++i) inv_sum[i] = 1.0f / exp_shifted(scores + size_t(i) * stride, set.n_ctx);
   std::fill(out, out + kGroup * kHeadDim, 0.0f);
   for (int b = 0; b < std::min(kAhead, set.n_blocks); ++b)
     prefetch_head(arena + size_t(b) * block_step + set.k_bytes, set.v_bytes, kv_head);
@@ -156,6 +157,8 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
     set.v->accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
                       out);
   }
+  for (int i = 0; i < kGroup; ++i)
+    for (int d = 0; d < kHeadDim; ++d) out[i * kHeadDim + d] *= inv_sum[i];
 }
 
 // Args: codec pair, context (tokens), threads.

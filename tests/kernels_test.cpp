@@ -461,6 +461,22 @@ TEST(VectorOps, SoftmaxMatchesReferenceAndIsStable) {
   EXPECT_NEAR(all_neg[1], 0.1553624, 1e-6);
 }
 
+// exp_shifted is softmax before its division: the largest value becomes
+// exactly 1, and the returned sum divides every value back into softmax.
+TEST(VectorOps, ExpShiftedIsSoftmaxTimesItsSum) {
+  for (int64_t n : kSizes) {
+    auto x = normal_vector(n, 5.0f, uint32_t(n) + 7);
+    auto want = x;
+    softmax(want.data(), n);
+    const float sum = exp_shifted(x.data(), n);
+    ASSERT_EQ(*std::max_element(x.begin(), x.end()), 1.0f) << n;
+    ASSERT_GE(sum, 1.0f);
+    ASSERT_LE(sum, float(n));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[size_t(i)] / sum, want[size_t(i)]) << n << " " << i;
+  }
+  EXPECT_EQ(exp_shifted(nullptr, 0), 0.0f);
+}
+
 // softmax({0, x}) for x < -17 is exp(x) itself (1 + e^x rounds to 1), so this
 // checks the exponential on every reduced argument: within 2 ulp of the exact
 // value, and 0 (not NaN) once e^x rounds to 0 in float.

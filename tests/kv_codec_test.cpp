@@ -10,6 +10,7 @@
 
 #include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
+#include "kv/channel_codec.h"
 #include "kv/scale8.h"
 #include "util/error.h"
 
@@ -174,14 +175,16 @@ double max_abs(const float* x, int n) {
 }
 
 // Dynamic channel-grouped keys are scored against the query folded with the
-// channel scales and rounded to 16 bits: per channel at most half a step of
-// max_c |q_c scale_c| / 32767 against a code of at most 2^B - 1, and
-// scale_c (2^B - 1) is the channel's range, at most 2 max |k|.
+// channel scales and rounded to L = channel_query_steps steps (16 or 8 bits):
+// per channel at most half a step of max_c |q_c scale_c| / L against a code
+// of at most 2^B - 1, and scale_c (2^B - 1) is the channel's range, at most
+// 2 max |k|.
 double folded_query_error(const KvCodec& codec, const float* q, const uint8_t* block, int n, int kv_head,
                           float scale) {
   if (!rounds_folded(codec, KvGrouping::Channel)) return 0;
   const int hd = codec.shape().head_dim;
-  return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) / 32767;
+  return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) /
+         channel_query_steps(codec.config(), codec.shape());
 }
 
 // Values with one group per head are accumulated with u_t = w_t scale_t

@@ -93,7 +93,11 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
           for (int i = 0; i < group; ++i) block_scores[size_t(i) * stride + t] = -INFINITY;
       }
   }
-  for (int i = 0; i < group; ++i) softmax(scores + i * stride, span);
+  // Unnormalized weights (the largest is 1); the outputs are divided by the
+  // sums at the end.
+  if (scratch.inv_sums.size() < size_t(group)) scratch.inv_sums.resize(size_t(group));
+  float* inv_sum = scratch.inv_sums.data();
+  for (int i = 0; i < group; ++i) inv_sum[i] = 1.0f / exp_shifted(scores + i * stride, span);
   if (sparsity.weights != nullptr) {
     if (selected) std::fill(sparsity.weights, sparsity.weights + n_ctx, 0.0f);
     for (int32_t j = 0; j < n_read; ++j) {
@@ -101,7 +105,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       const int n = std::min(bs, n_ctx - b * bs);
       for (int t = 0; t < n; ++t) {
         float w = 0;
-        for (int i = 0; i < group; ++i) w += scores[size_t(i) * stride + j * bs + t];
+        for (int i = 0; i < group; ++i) w += scores[size_t(i) * stride + j * bs + t] * inv_sum[i];
         sparsity.weights[b * bs + t] = w;
       }
     }
@@ -117,6 +121,8 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       prefetch_head_slice(cache.v_view(layer, table, block_at(j + kPrefetchAhead), n_ctx), kv_head);
     v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
+  for (int i = 0; i < group; ++i)
+    for (int d = 0; d < head_dim; ++d) out[size_t(i) * head_dim + d] *= inv_sum[i];
 }
 
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,

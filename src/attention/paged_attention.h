@@ -16,6 +16,7 @@ namespace kvserve {
 struct AttentionScratch {
   std::vector<float> scores;  // (gqa_group, n_ctx rounded up to a block)
   std::vector<float> rotated; // (block_size, gqa_group, head_dim) queries for pre-RoPE keys
+  std::vector<float> inv_sums; // (gqa_group) 1 / the sum of each query's unnormalized weights
 };
 
 // What a sparsity policy asks of one attention call (issue 4). The default

@@ -60,8 +60,8 @@ void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t 
   for (int64_t i = 0; i < n; ++i) out[i] = float(double(weight[i]) * scale * double(x[i]));
 }
 
-void softmax(float* x, int64_t n) {
-  if (n <= 0) return;
+float exp_shifted(float* x, int64_t n) {
+  if (n <= 0) return 0.0f;
   float max_val = x[0];
 #if defined(__AVX512F__)
   __m512 vmax = _mm512_set1_ps(x[0]);
@@ -77,11 +77,7 @@ void softmax(float* x, int64_t n) {
     _mm512_mask_storeu_ps(x + i, m, e);
     vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
   }
-  const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(vsum));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), sum));
-  }
+  return _mm512_reduce_add_ps(vsum);
 #else
   for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);
   float sum = 0.0f;
@@ -89,6 +85,20 @@ void softmax(float* x, int64_t n) {
     x[i] = std::exp(x[i] - max_val);
     sum += x[i];
   }
+  return sum;
+#endif
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float sum = exp_shifted(x, n);
+#if defined(__AVX512F__)
+  const __m512 vsum = _mm512_set1_ps(sum);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vsum));
+  }
+#else
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
 #endif
 }

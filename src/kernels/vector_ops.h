@@ -12,6 +12,9 @@ void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t 
 
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);
+// softmax without the division: x_i := exp(x_i - max x), in [0, 1]; returns
+// their sum. Attention divides its n_q outputs once instead of every weight.
+float exp_shifted(float* x, int64_t n);
 void softmax_reference(float* x, int64_t n);
 
 // SwiGLU: gate[i] = silu(gate[i]) * up[i], for n values.

@@ -60,6 +60,9 @@ class ChannelCodec final : public KvCodec {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
 #endif
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+    byte_dots_ = channel_major_simd_ && B == 4 && s.head_dim % 4 == 0;
+#endif
   }
 
   size_t block_bytes() const override {
@@ -435,12 +438,13 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
-  // NQ queries (NQ, hd) folded with the channel scales: q16 = round(q_c
+  // NQ queries (NQ, hd) folded with the channel scales: folded = round(q_c
   // scale_c / step), step = max_c |q_c scale_c| / qmax, and bias = sum_c q_c
   // min_c. The queries go side by side so that their reductions overlap.
-  template <int NQ>
+  // Out: int16_t (score_tile) or int8_t (score_tile_bytes).
+  template <int NQ, class Out>
   static void fold_queries(const float* q, int hd, const float* sc, const float* mn, float qmax, float* step,
-                           float* bias, int16_t* q16) {
+                           float* bias, Out* folded) {
     __m512 amax[NQ], b[NQ];
     #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) amax[i] = b[i] = _mm512_setzero_ps();
@@ -456,18 +460,36 @@ class ChannelCodec final : public KvCodec {
     }
     alignas(16) float invs[4];
     simd::fold_steps(amax, b, NQ, qmax, step, bias, invs);
-    __m512 inv[NQ];
+    __m512 inv[NQ], residual[NQ];
     #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]);
+    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]), residual[i] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 16) {
       const __mmask16 m = lanes(hd - d);
       const __m512 s = _mm512_maskz_loadu_ps(m, sc + d);
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
-        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d), s);
-        _mm256_mask_storeu_epi16(q16 + size_t(i) * hd + d, m,
-                                 _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv[i]))));
+        const __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d), s), inv[i]);
+        const __m512 rounded = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i r = _mm512_cvtps_epi32(rounded);
+        if constexpr (sizeof(Out) == 1) {
+          _mm_mask_storeu_epi8(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi8(r));
+          residual[i] = _mm512_add_ps(residual[i], _mm512_sub_ps(x, rounded));
+        } else {
+          _mm256_mask_storeu_epi16(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi16(r));
+        }
       }
+    }
+    if constexpr (sizeof(Out) == 1) {
+      // 8 bits leave a rounding residual r_c (in steps) per channel that
+      // matters: the score misses step sum_c r_c code_c. Its part at the
+      // codes' midpoint, step (2^B - 1) / 2 sum_c r_c, is the same for every
+      // token and goes into the bias; what remains varies with code_c - 7.5
+      // only, a third of the error's variance for codes spread over 0..15.
+      const __m128 rs = kvserve::simd::reduce4<false>(residual, NQ);
+      alignas(16) float r[4];
+      _mm_store_ps(r, rs);
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) bias[i] += step[i] * 0.5f * float((1 << B) - 1) * r[i];
     }
   }
 
@@ -506,6 +528,81 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  // 4-bit keys against a query folded to 8 bits: vpdpbusd multiplies four
+  // unsigned code bytes by four signed query bytes per 32-bit lane, so one
+  // instruction covers 4 channels of 16 tokens per query, twice the
+  // channels of the 16-bit pairs in score_tile, and the codes reach bytes
+  // with one permute and one multishift per 4 channels.
+  // Channels 4g .. 4g + 3 (byte rows 2g, 2g + 1) of tokens [t0, t0 + 16 T)
+  // (bits of m; the others are zero) as T vectors: lane j of vector k = the
+  // four codes of token t0 + 16k + j, in channel order.
+  template <int T>
+  static void load_quads(const uint8_t* head, int bs, int g, int t0, __mmask32 m, __m512i* x) {
+    // Qword k of vector v: bytes a[16v + 2k], b[16v + 2k] at 0, 1 and
+    // a[16v + 2k + 1], b[16v + 2k + 1] at 4, 5 (a: row 2g, b: row 2g + 1);
+    // byte 4j + r then takes the 8 bits at 4r of token j's half of the
+    // qword, and keeps the low nibble.
+    alignas(64) static constexpr auto kTables = [] {
+      struct { uint8_t idx[2][64], shift[64]; } t{};
+      for (int v = 0; v < 2; ++v)
+        for (int k = 0; k < 8; ++k) {
+          const int a = 16 * v + 2 * k;
+          t.idx[v][8 * k] = uint8_t(a), t.idx[v][8 * k + 1] = uint8_t(64 + a);
+          t.idx[v][8 * k + 4] = uint8_t(a + 1), t.idx[v][8 * k + 5] = uint8_t(64 + a + 1);
+        }
+      for (int k = 0; k < 8; ++k)
+        for (int r = 0; r < 8; ++r) t.shift[8 * k + r] = uint8_t(4 * r + (r >= 4 ? 16 : 0));
+      return t;
+    }();
+    const __m512i a = _mm512_maskz_loadu_epi8(__mmask64(m), head + size_t(2 * g) * bs + t0);
+    const __m512i b = _mm512_maskz_loadu_epi8(__mmask64(m), head + size_t(2 * g + 1) * bs + t0);
+    #pragma GCC unroll 2
+    for (int v = 0; v < T; ++v) {
+      const __m512i y = _mm512_permutex2var_epi8(a, _mm512_load_si512(kTables.idx[v]), b);
+      x[v] = _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512(kTables.shift), y), _mm512_set1_epi8(0x0F));
+    }
+  }
+  // score_tile with 8-bit queries, over T tiles of 16 tokens from t0 (bits
+  // of m): q8 is (NQ, head_dim) int8, read as (NQ, quads) four-channel words.
+  // Two tiles share each query broadcast and each pair of row loads.
+  template <int NQ, int T>
+  static void score_tiles_bytes(const uint8_t* head, int bs, int quads, int t0, __mmask32 m, const int32_t* q8,
+                                const float* step, const float* bias, float scale, float* scores, int stride) {
+    // Two sums per (tile, query), even and odd quads: one chain would be
+    // bound by the dot products' latency.
+    __m512i acc[2][T][NQ];
+    #pragma GCC unroll 8
+    for (int v = 0; v < T; ++v)
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) acc[0][v][i] = acc[1][v][i] = _mm512_setzero_si512();
+    for (int g = 0; g < quads; g += 2) {
+      #pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k) {
+        if (g + k == quads) break;  // an odd quad count
+        __m512i x[T];
+        load_quads<T>(head, bs, g + k, t0, m, x);
+        #pragma GCC unroll 8
+        for (int i = 0; i < NQ; ++i) {
+          const __m512i qi = _mm512_set1_epi32(q8[i * quads + g + k]);
+          #pragma GCC unroll 2
+          for (int v = 0; v < T; ++v) acc[k][v][i] = _mm512_dpbusd_epi32(acc[k][v][i], x[v], qi);
+        }
+      }
+    }
+    #pragma GCC unroll 2
+    for (int v = 0; v < T; ++v) {
+      const __mmask16 lanes = __mmask16(m >> (16 * v));
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0][v][i], acc[1][v][i]));
+        const __m512 dot = _mm512_fmadd_ps(sum, _mm512_set1_ps(step[i]), _mm512_set1_ps(bias[i]));
+        _mm512_mask_storeu_ps(scores + size_t(i) * stride + t0 + 16 * v, lanes, _mm512_mul_ps(_mm512_set1_ps(scale), dot));
+      }
+    }
+  }
+#endif
+
   // q·k_t = sum_c (q_c scale_c) code_tc + sum_c q_c min_c. The folded query is
   // rounded to 16 bits with one step per (query, token group): at most
   // 32767 steps across its largest channel, fewer where int32 sums of
@@ -515,9 +612,35 @@ class ChannelCodec final : public KvCodec {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
-    const float qmax = folded_qmax<B>(hd);
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+    if (byte_dots_) {
+      int8_t* q8 = reinterpret_cast<int8_t*>(f.q16);
+      const int quads = hd / 4;
+      for (int tg = 0; tg * group_ < n; ++tg) {
+        head_affine(block, tg, kv_head, sc, mn);
+        by_query_groups(n_q, [&](auto nq, int i) {
+          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, 127.0f, step + i, bias + i, q8 + size_t(i) * hd);
+        });
+        const int t1 = std::min(n, (tg + 1) * group_);
+        for (int t0 = tg * group_; t0 < t1; t0 += 32) {
+          const int nt = std::min(32, t1 - t0);
+          const __mmask32 m = nt >= 32 ? ~__mmask32(0) : __mmask32((1u << nt) - 1);
+          by_query_groups(n_q, [&](auto nq, int i) {
+            auto tiles = [&](auto kernel) {
+              kernel(head, bs, quads, t0, m, f.pairs + size_t(i) * quads, step + i, bias + i, scale,
+                     scores + size_t(i) * stride, stride);
+            };
+            if (nt > 16) tiles(score_tiles_bytes<nq.value, 2>);
+            else tiles(score_tiles_bytes<nq.value, 1>);
+          });
+        }
+      }
+      return;
+    }
+#endif
+    const float qmax = folded_qmax<B>(hd);
     int16_t* q16 = f.q16;
     for (int tg = 0; tg * group_ < n; ++tg) {
       head_affine(block, tg, kv_head, sc, mn);
@@ -745,6 +868,7 @@ class ChannelCodec final : public KvCodec {
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
   bool simd_ = false;
   bool channel_major_simd_ = false;  // channel_major_ with the integer kernels below
+  bool byte_dots_ = false;           // ... scoring with 8-bit queries (score_tile_bytes)
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
 #if defined(__AVX512F__)
   simd::LaneRopeRows<simd::Lanes<B>> rope_rows_;  // score_offsets' rotations
@@ -752,6 +876,18 @@ class ChannelCodec final : public KvCodec {
 };
 
 }  // namespace int_codec
+
+int channel_query_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  // byte_dots_ in ChannelCodec
+  if (config.dtype == KvDType::INT4 && config.grouping == KvGrouping::Channel && !config.is_static() &&
+      !config.pre_rope && shape.head_dim % 4 == 0)
+    return 127;
+#else
+  (void)config, (void)shape;
+#endif
+  return 32767;
+}
 
 std::unique_ptr<KvCodec> make_channel_codec(const KvCodecConfig& config, const KvBlockShape& shape) {
   switch (config.dtype) {
