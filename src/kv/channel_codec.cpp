@@ -458,11 +458,20 @@ class ChannelCodec final : public KvCodec {
         b[i] = _mm512_fmadd_ps(x, mi, b[i]);
       }
     }
+    // step = max / qmax and inv = qmax / max (0 when max is 0), per query.
+    const __m128 tops = kvserve::simd::reduce4<true>(amax, NQ);
+    const __mmask8 qlanes = __mmask8((1u << NQ) - 1);
+    _mm_mask_storeu_ps(step, qlanes, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
     alignas(16) float invs[4];
-    simd::fold_steps(amax, b, NQ, qmax, step, bias, invs);
-    __m512 inv[NQ], residual[NQ];
+    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+    // 8 bits leave a rounding residual r_c (in steps) per channel that
+    // matters: the score misses step sum_c r_c code_c. Its part at the codes'
+    // midpoint, step (2^B - 1) / 2 sum_c r_c, is the same for every token and
+    // joins the bias's sum; what remains varies with code_c - 7.5 only, a
+    // third of the error's variance for codes spread over 0..15.
+    __m512 inv[NQ], mid[NQ];
     #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]), residual[i] = _mm512_setzero_ps();
+    for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]), mid[i] = _mm512_set1_ps(step[i] * 0.5f * float((1 << B) - 1));
     for (int d = 0; d < hd; d += 16) {
       const __mmask16 m = lanes(hd - d);
       const __m512 s = _mm512_maskz_loadu_ps(m, sc + d);
@@ -473,24 +482,13 @@ class ChannelCodec final : public KvCodec {
         const __m512i r = _mm512_cvtps_epi32(rounded);
         if constexpr (sizeof(Out) == 1) {
           _mm_mask_storeu_epi8(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi8(r));
-          residual[i] = _mm512_add_ps(residual[i], _mm512_sub_ps(x, rounded));
+          b[i] = _mm512_fmadd_ps(_mm512_sub_ps(x, rounded), mid[i], b[i]);
         } else {
           _mm256_mask_storeu_epi16(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi16(r));
         }
       }
     }
-    if constexpr (sizeof(Out) == 1) {
-      // 8 bits leave a rounding residual r_c (in steps) per channel that
-      // matters: the score misses step sum_c r_c code_c. Its part at the
-      // codes' midpoint, step (2^B - 1) / 2 sum_c r_c, is the same for every
-      // token and goes into the bias; what remains varies with code_c - 7.5
-      // only, a third of the error's variance for codes spread over 0..15.
-      const __m128 rs = kvserve::simd::reduce4<false>(residual, NQ);
-      alignas(16) float r[4];
-      _mm_store_ps(r, rs);
-      #pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i) bias[i] += step[i] * 0.5f * float((1 << B) - 1) * r[i];
-    }
+    _mm_mask_storeu_ps(bias, qlanes, kvserve::simd::reduce4<false>(b, NQ));
   }
 
   // Scores of NQ queries against tokens [t0, t0 + 16) (lanes of m): q16 is
