@@ -40,6 +40,8 @@ configs=(
   "preset int8|--kv-preset int8"
   "preset int4|--kv-preset int4"
   "preset int2|--kv-preset int2"
+  "preset int4-small|--kv-preset int4-small"
+  "preset int2-small|--kv-preset int2-small"
 )
 echo "| configuration | PPL | ΔPPL vs FP32 | KL | top-1 | KV bytes/token |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: |"

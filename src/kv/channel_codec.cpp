@@ -61,7 +61,10 @@ class ChannelCodec final : public KvCodec {
     channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
 #endif
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-    byte_dots_ = channel_major_simd_ && B == 4 && s.head_dim % 4 == 0;
+    // Only where a fold serves 32 tokens or more: with 16-token groups the
+    // 8-bit fold's extra rounding work outweighs the halved dot products (the
+    // int4 preset's 16K layer: 1.79 vs 1.65 ms; BENCHMARKS.md).
+    byte_dots_ = channel_major_simd_ && B == 4 && s.head_dim % 4 == 0 && group_ >= 32;
 #endif
   }
 
@@ -478,13 +481,12 @@ class ChannelCodec final : public KvCodec {
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
         const __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + size_t(i) * hd + d), s), inv[i]);
-        const __m512 rounded = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512i r = _mm512_cvtps_epi32(rounded);
         if constexpr (sizeof(Out) == 1) {
-          _mm_mask_storeu_epi8(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi8(r));
+          const __m512 rounded = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          _mm_mask_storeu_epi8(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(rounded)));
           b[i] = _mm512_fmadd_ps(_mm512_sub_ps(x, rounded), mid[i], b[i]);
         } else {
-          _mm256_mask_storeu_epi16(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi16(r));
+          _mm256_mask_storeu_epi16(folded + size_t(i) * hd + d, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(x)));
         }
       }
     }
@@ -878,8 +880,9 @@ class ChannelCodec final : public KvCodec {
 int channel_query_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   // byte_dots_ in ChannelCodec
+  const int group = config.group_size > 0 ? config.group_size : shape.block_size;
   if (config.dtype == KvDType::INT4 && config.grouping == KvGrouping::Channel && !config.is_static() &&
-      !config.pre_rope && shape.head_dim % 4 == 0)
+      !config.pre_rope && shape.head_dim % 4 == 0 && group >= 32)
     return 127;
 #else
   (void)config, (void)shape;
