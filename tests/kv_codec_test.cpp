@@ -258,7 +258,9 @@ std::vector<Case> model_cases() {
         if (g > s.kv_dim()) continue;
         cases.push_back({{t, KvGrouping::Token, g, {}, {}}, s});
       }
-      for (int g : {0, 8}) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
+      // 32: two key groups per 64-token block for the 8-bit query kernel (groups of 32+ tokens).
+      for (int g : {0, 8, 32})
+        if (g < s.block_size) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
       for (KvCodecConfig c8 : {KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Token, 16, {}, {}},
                                KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Channel, 8, {}, {}}}) {
         c8.scale_bits = 8;  // the kernels read decoded 8-bit scales
