@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kv/channel_codec.h"
 #include "kv/kv_cache.h"
 
@@ -14,6 +16,10 @@ namespace kvserve::testing_attention {
 // keys are scored against an 8-bit folded query (channel_query_steps() ==
 // 127); 0 when there are none. Every weight then moves by a factor within
 // e^(±2 delta) and the attention output by at most (e^(2 delta) - 1) max |v|.
+// Each block's error is first checked against the format's worst case (as
+// in kv_codec_test: per channel half a step of max_c |q_c scale_c| / 127
+// against a code of at most 15, scale_c 15 <= 2 max |k|), so a wrong kernel
+// cannot widen the allowance it is then judged by.
 inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                                   int kv_head, int group, int head_dim, const float* q) {
   const int32_t bs = cache.block_size();
@@ -25,12 +31,23 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
     const KvBlockView kb = cache.k_view(layer, table, b, n_ctx);
     if (cache.k_pre_rope(layer) || channel_query_steps(kb.codec->config(), kb.codec->shape()) != 127) continue;
     kb.codec->score(q, group, kb.data, n, kv_head, scale, s.data(), bs);
+    double max_k = 0;
+    for (int t = 0; t < n; ++t) {
+      kb.codec->decode_token(kb.data, t, k.data());
+      for (int d = 0; d < head_dim; ++d) max_k = std::max(max_k, std::fabs(double(k[size_t(kv_head * head_dim + d)])));
+    }
     for (int t = 0; t < n; ++t) {
       kb.codec->decode_token(kb.data, t, k.data());
       for (int i = 0; i < group; ++i) {
-        double dot = 0;
-        for (int d = 0; d < head_dim; ++d) dot += double(q[i * head_dim + d]) * k[size_t(kv_head * head_dim + d)];
-        delta = std::max(delta, std::fabs(double(s[size_t(i * bs + t)]) - scale * dot));
+        double dot = 0, max_q = 0;
+        for (int d = 0; d < head_dim; ++d) {
+          dot += double(q[i * head_dim + d]) * k[size_t(kv_head * head_dim + d)];
+          max_q = std::max(max_q, std::fabs(double(q[i * head_dim + d])));
+        }
+        const double err = std::fabs(double(s[size_t(i * bs + t)]) - scale * dot);
+        EXPECT_LE(err, 1.01 * scale * head_dim * max_q * max_k / 127 + 1e-4 * (1 + std::fabs(scale * dot)))
+            << "block " << b << " token " << t << " query " << i;
+        delta = std::max(delta, err);
       }
     }
   }

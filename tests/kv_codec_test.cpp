@@ -276,6 +276,44 @@ std::vector<Case> model_cases() {
   return cases;
 }
 
+// The 8-bit query kernel (4-bit keys, groups of 32+ tokens) adds the part of
+// its rounding residuals at the codes' midpoint to the bias: what remains,
+// step sum_c r_c (code_tc - 7.5), averages to zero over tokens whose codes
+// cover 0..15 evenly. Keys here give every channel each code exactly twice
+// in 32 tokens (exact fp16 ranges), so the mean error over the block must be
+// far below one step; without the correction it is tens of steps.
+TEST(KvCodec, EightBitQueryResidualAveragesOut) {
+  const KvBlockShape shape{32, 1, 64};
+  const KvCodecConfig config{KvDType::INT4, KvGrouping::Channel, 0, {}, {}};
+  auto codec = make_kv_codec(config, shape);
+  const int hd = shape.head_dim, bs = shape.block_size;
+  std::vector<float> x(size_t(bs) * hd);
+  for (int t = 0; t < bs; ++t)
+    for (int c = 0; c < hd; ++c) {
+      const float w = 0.25f * float(1 + c % 4);  // exact in fp16, as are the mins
+      x[size_t(t) * hd + c] = w * float((t + 3 * c) % 16 - 8);
+    }
+  std::vector<uint8_t> block(codec->block_bytes());
+  codec->encode_block(block.data(), x.data(), bs);
+  std::vector<float> decoded(static_cast<size_t>(hd));
+  for (int t = 0; t < bs; ++t) {  // the codes are the intended ones
+    codec->decode_token(block.data(), t, decoded.data());
+    for (int c = 0; c < hd; ++c) ASSERT_EQ(decoded[size_t(c)], x[size_t(t) * hd + c]);
+  }
+  const int n_q = 3;
+  std::vector<float> q = sample_rows(n_q, hd, 9);
+  std::vector<float> s1(size_t(n_q) * bs), s2(s1.size());
+  codec->score(q.data(), n_q, block.data(), bs, 0, 1.0f, s1.data(), bs);
+  score_reference(*codec, q.data(), n_q, block.data(), bs, 0, 1.0f, s2.data(), bs);
+  for (int i = 0; i < n_q; ++i) {
+    double top = 0, mean = 0;  // max_c |q_c scale_c|, the mean error
+    for (int c = 0; c < hd; ++c) top = std::max(top, std::fabs(double(q[size_t(i * hd + c)]) * 0.25 * (1 + c % 4)));
+    for (int t = 0; t < bs; ++t) mean += (double(s1[size_t(i * bs + t)]) - s2[size_t(i * bs + t)]) / bs;
+    const double step = top / channel_query_steps(config, shape);
+    EXPECT_LT(std::fabs(mean), 0.5 * step + 1e-5) << "query " << i << ": mean error " << mean / step << " steps";
+  }
+}
+
 TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
   for (const Case& c : model_cases()) {
     auto codec = make_kv_codec(c.config, c.shape);

@@ -44,7 +44,7 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
   f16_pre.pre_rope = true;
   codecs.push_back({f16_pre, {KvDType::F16}});
   for (const auto& [kc, vc] : codecs) {
-    for (int bs : {1, 5, 16}) {
+    for (int bs : {1, 5, 16, 32}) {  // 32: 4-bit channel keys take the 8-bit query kernel
       KvCacheOptions o;
       o.block_size = bs;
       o.k = kc;
@@ -150,8 +150,10 @@ TEST(PagedAttention, SparseReadsMatchReference) {
   f32_pre.pre_rope = int2_pre.pre_rope = true;  // the int2 preset's keys
   codecs.push_back({f32_pre, {KvDType::F32}});
   codecs.push_back({int2_pre, {KvDType::INT2, KvGrouping::Token, 0, {}, {}}});
-  const int bs = 16, n_ctx = 300, layer = 1;
-  for (const auto& [kc, vc] : codecs) {
+  const int n_ctx = 300, layer = 1;
+  for (const auto& [kc, vc] : codecs)
+  for (int bs : {16, 32}) {  // 32: 4-bit channel keys take the 8-bit query kernel
+    if (bs == 32 && kc.describe() != int4_channel.describe()) continue;
     KvCacheOptions o;
     o.block_size = bs;
     o.k = kc;
@@ -182,7 +184,11 @@ TEST(PagedAttention, SparseReadsMatchReference) {
     std::vector<float> q(size_t(group * head_dim));
     for (auto& x : q) x = n(rng) * 0.3f;
     const int32_t n_blocks = (n_ctx + bs - 1) / bs;
-    const std::vector<int32_t> some_blocks = {0, 1, 2, 5, 6, 9, 12, 13, 14, 16, n_blocks - 2, n_blocks - 1};
+    std::vector<int32_t> some_blocks;
+    for (int32_t b : {0, 1, 2, 5, 6, 9, 12, 13, 14, 16})
+      if (b < n_blocks - 2) some_blocks.push_back(b);
+    some_blocks.push_back(n_blocks - 2);
+    some_blocks.push_back(n_blocks - 1);
     std::vector<uint8_t> keep(size_t(n_ctx), 1);
     for (int32_t t = 0; t < n_ctx; t += 7) keep[size_t(t)] = 0;
     keep[size_t(n_ctx - 1)] = 1;

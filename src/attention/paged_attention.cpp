@@ -97,7 +97,10 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   // sums at the end.
   if (scratch.inv_sums.size() < size_t(group)) scratch.inv_sums.resize(size_t(group));
   float* inv_sum = scratch.inv_sums.data();
-  for (int i = 0; i < group; ++i) inv_sum[i] = 1.0f / exp_shifted(scores + i * stride, span);
+  for (int i = 0; i < group; ++i) {
+    const float sum = exp_shifted(scores + i * stride, span);
+    inv_sum[i] = sum > 0 ? 1.0f / sum : 0.0f;  // nothing read: a zero output, as before
+  }
   if (sparsity.weights != nullptr) {
     if (selected) std::fill(sparsity.weights, sparsity.weights + n_ctx, 0.0f);
     for (int32_t j = 0; j < n_read; ++j) {

@@ -7,6 +7,22 @@
 namespace kvserve {
 namespace int_codec {
 
+// Whether ChannelCodec scores these keys against an 8-bit query
+// (score_tiles_bytes): 4-bit dynamic post-RoPE channel groups, on AVX-512
+// VNNI + VBMI builds, and only where a fold serves 32 tokens or more: with
+// 16-token groups the 8-bit fold's extra rounding work outweighs the halved
+// dot products (the int4 preset's 16K layer: 1.79 vs 1.65 ms; BENCHMARKS.md).
+static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  const int group = c.group_size > 0 ? c.group_size : s.block_size;
+  return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && !c.pre_rope &&
+         s.head_dim % 4 == 0 && group >= 32;
+#else
+  (void)c, (void)s;
+  return false;
+#endif
+}
+
 // Channel groups (KIVI keys) and static per-channel scales. Dynamic: per
 // group of group_size tokens an fp16 (scale, min) pair per channel, fitted
 // over those tokens. Static: codes only; the fixed per-channel ranges live in
@@ -60,12 +76,7 @@ class ChannelCodec final : public KvCodec {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
 #endif
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-    // Only where a fold serves 32 tokens or more: with 16-token groups the
-    // 8-bit fold's extra rounding work outweighs the halved dot products (the
-    // int4 preset's 16K layer: 1.79 vs 1.65 ms; BENCHMARKS.md).
-    byte_dots_ = channel_major_simd_ && B == 4 && s.head_dim % 4 == 0 && group_ >= 32;
-#endif
+    byte_dots_ = channel_major_simd_ && byte_query_kernel(c, s);
   }
 
   size_t block_bytes() const override {
@@ -470,8 +481,9 @@ class ChannelCodec final : public KvCodec {
     // 8 bits leave a rounding residual r_c (in steps) per channel that
     // matters: the score misses step sum_c r_c code_c. Its part at the codes'
     // midpoint, step (2^B - 1) / 2 sum_c r_c, is the same for every token and
-    // joins the bias's sum; what remains varies with code_c - 7.5 only, a
-    // third of the error's variance for codes spread over 0..15.
+    // joins the bias's sum; what remains varies with code_c - 7.5 only:
+    // about a quarter of the error's variance for codes spread over 0..15
+    // (21.25 / 77.5).
     __m512 inv[NQ], mid[NQ];
     #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) inv[i] = _mm512_set1_ps(invs[i]), mid[i] = _mm512_set1_ps(step[i] * 0.5f * float((1 << B) - 1));
@@ -878,16 +890,7 @@ class ChannelCodec final : public KvCodec {
 }  // namespace int_codec
 
 int channel_query_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-  // byte_dots_ in ChannelCodec
-  const int group = config.group_size > 0 ? config.group_size : shape.block_size;
-  if (config.dtype == KvDType::INT4 && config.grouping == KvGrouping::Channel && !config.is_static() &&
-      !config.pre_rope && shape.head_dim % 4 == 0 && group >= 32)
-    return 127;
-#else
-  (void)config, (void)shape;
-#endif
-  return 32767;
+  return int_codec::byte_query_kernel(config, shape) ? 127 : 32767;
 }
 
 std::unique_ptr<KvCodec> make_channel_codec(const KvCodecConfig& config, const KvBlockShape& shape) {

@@ -15,8 +15,8 @@ std::unique_ptr<KvCodec> make_channel_codec(const KvCodecConfig& config, const K
 
 // The rounding steps across the largest folded query channel (q_c scale_c)
 // in the vector score kernel of dynamic channel-grouped codes: 127 where
-// 4-bit codes meet 8-bit queries (vpdpbusd; AVX-512 VNNI and VBMI builds),
-// else 32767 (16-bit pairs). For error bounds.
+// 4-bit codes in key groups of 32+ tokens meet 8-bit queries (vpdpbusd;
+// AVX-512 VNNI and VBMI builds), else 32767 (16-bit pairs). For error bounds.
 int channel_query_steps(const KvCodecConfig& config, const KvBlockShape& shape);
 
 }  // namespace kvserve
