@@ -24,7 +24,8 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
                                   int kv_head, int group, int head_dim, const float* q) {
   const int32_t bs = cache.block_size();
   const float scale = 1.0f / std::sqrt(float(head_dim));
-  std::vector<float> k(size_t(cache.k_codec(layer).shape().kv_dim())), s(size_t(group) * size_t(bs));
+  const int kv_dim = cache.k_codec(layer).shape().kv_dim();
+  std::vector<float> keys(size_t(bs) * size_t(kv_dim)), s(size_t(group) * size_t(bs));
   double delta = 0;
   for (int32_t b = 0; b * bs < n_ctx; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
@@ -33,15 +34,16 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
     kb.codec->score(q, group, kb.data, n, kv_head, scale, s.data(), bs);
     double max_k = 0;
     for (int t = 0; t < n; ++t) {
-      kb.codec->decode_token(kb.data, t, k.data());
-      for (int d = 0; d < head_dim; ++d) max_k = std::max(max_k, std::fabs(double(k[size_t(kv_head * head_dim + d)])));
+      kb.codec->decode_token(kb.data, t, keys.data() + size_t(t) * kv_dim);
+      for (int d = 0; d < head_dim; ++d)
+        max_k = std::max(max_k, std::fabs(double(keys[size_t(t) * kv_dim + size_t(kv_head * head_dim + d)])));
     }
     for (int t = 0; t < n; ++t) {
-      kb.codec->decode_token(kb.data, t, k.data());
+      const float* k = keys.data() + size_t(t) * kv_dim + size_t(kv_head * head_dim);
       for (int i = 0; i < group; ++i) {
         double dot = 0, max_q = 0;
         for (int d = 0; d < head_dim; ++d) {
-          dot += double(q[i * head_dim + d]) * k[size_t(kv_head * head_dim + d)];
+          dot += double(q[i * head_dim + d]) * k[d];
           max_q = std::max(max_q, std::fabs(double(q[i * head_dim + d])));
         }
         const double err = std::fabs(double(s[size_t(i * bs + t)]) - scale * dot);

@@ -472,12 +472,8 @@ class ChannelCodec final : public KvCodec {
         b[i] = _mm512_fmadd_ps(x, mi, b[i]);
       }
     }
-    // step = max / qmax and inv = qmax / max (0 when max is 0), per query.
-    const __m128 tops = kvserve::simd::reduce4<true>(amax, NQ);
-    const __mmask8 qlanes = __mmask8((1u << NQ) - 1);
-    _mm_mask_storeu_ps(step, qlanes, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
     alignas(16) float invs[4];
-    _mm_store_ps(invs, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+    simd::fold_steps(amax, NQ, qmax, step, invs);
     // 8 bits leave a rounding residual r_c (in steps) per channel that
     // matters: the score misses step sum_c r_c code_c. Its part at the codes'
     // midpoint, step (2^B - 1) / 2 sum_c r_c, is the same for every token and
@@ -502,7 +498,7 @@ class ChannelCodec final : public KvCodec {
         }
       }
     }
-    _mm_mask_storeu_ps(bias, qlanes, kvserve::simd::reduce4<false>(b, NQ));
+    _mm_mask_storeu_ps(bias, __mmask8((1u << NQ) - 1), kvserve::simd::reduce4<false>(b, NQ));
   }
 
   // Scores of NQ queries against tokens [t0, t0 + 16) (lanes of m): q16 is
@@ -626,16 +622,21 @@ class ChannelCodec final : public KvCodec {
     simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
+    const bool bytes = byte_dots_;  // 8-bit queries (score_tiles_bytes), else 16-bit (score_tile)
+    const float qmax = bytes ? 127.0f : folded_qmax<B>(hd);
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      head_affine(block, tg, kv_head, sc, mn);
+      by_query_groups(n_q, [&](auto nq, int i) {
+        if (bytes)
+          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i,
+                                 reinterpret_cast<int8_t*>(f.q16) + size_t(i) * hd);
+        else
+          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, f.q16 + size_t(i) * hd);
+      });
+      const int t1 = std::min(n, (tg + 1) * group_);
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-    if (byte_dots_) {
-      int8_t* q8 = reinterpret_cast<int8_t*>(f.q16);
-      const int quads = hd / 4;
-      for (int tg = 0; tg * group_ < n; ++tg) {
-        head_affine(block, tg, kv_head, sc, mn);
-        by_query_groups(n_q, [&](auto nq, int i) {
-          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, 127.0f, step + i, bias + i, q8 + size_t(i) * hd);
-        });
-        const int t1 = std::min(n, (tg + 1) * group_);
+      if (bytes) {
+        const int quads = hd / 4;
         for (int t0 = tg * group_; t0 < t1; t0 += 32) {
           const int nt = std::min(32, t1 - t0);
           const __mmask32 m = nt >= 32 ? ~__mmask32(0) : __mmask32((1u << nt) - 1);
@@ -648,18 +649,9 @@ class ChannelCodec final : public KvCodec {
             else tiles(score_tiles_bytes<nq.value, 1>);
           });
         }
+        continue;
       }
-      return;
-    }
 #endif
-    const float qmax = folded_qmax<B>(hd);
-    int16_t* q16 = f.q16;
-    for (int tg = 0; tg * group_ < n; ++tg) {
-      head_affine(block, tg, kv_head, sc, mn);
-      by_query_groups(n_q, [&](auto nq, int i) {
-        fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, q16 + size_t(i) * hd);
-      });
-      const int t1 = std::min(n, (tg + 1) * group_);
       for (int t0 = tg * group_; t0 < t1; t0 += 16) {
         const __mmask16 m = lanes(t1 - t0);
         by_query_groups(n_q, [&](auto nq, int i) {

@@ -195,15 +195,12 @@ struct Natural {
   }
 };
 
-// For nq <= 4 folded vectors: the largest magnitude top[i] and the sum b[i]
-// of each; writes step[i] = max / qmax (the 16-bit rounding step), bias[i] =
-// sum and inv[i] = qmax / max (0 when max is 0).
-inline void fold_steps(const __m512* top, const __m512* b, int nq, float qmax, float* step, float* bias,
-                       float* inv) {
+// For nq <= 4 folded vectors, from the largest magnitude top[i] of each:
+// step[i] = max / qmax (the rounding step) and inv[i] = qmax / max (0 when
+// max is 0).
+inline void fold_steps(const __m512* top, int nq, float qmax, float* step, float* inv) {
   const __m128 tops = kvserve::simd::reduce4<true>(top, nq);
-  const __mmask8 lane = __mmask8((1u << nq) - 1);
-  _mm_mask_storeu_ps(step, lane, _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
-  _mm_mask_storeu_ps(bias, lane, kvserve::simd::reduce4<false>(b, nq));
+  _mm_mask_storeu_ps(step, __mmask8((1u << nq) - 1), _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
   _mm_storeu_ps(inv, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
 }
 

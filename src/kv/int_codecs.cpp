@@ -509,7 +509,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       }
     }
     alignas(16) float invs[4];
-    simd::fold_steps(top, b, NQ, qmax, step, bias, invs);
+    simd::fold_steps(top, NQ, qmax, step, invs);
+    _mm_mask_storeu_ps(bias, __mmask8((1u << NQ) - 1), kvserve::simd::reduce4<false>(b, NQ));
     for (int t = 0; t < n2; t += 16) {
       const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
       #pragma GCC unroll 8
