@@ -18,6 +18,7 @@
 #include "util/simd.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "kernels/vector_ops.h"
+#include "kv/int_codecs.h"
 #include "kv/kv_codec.h"
 #include "util/aligned_buffer.h"
 #include "util/memory_bandwidth.h"
@@ -137,7 +139,8 @@ void prefetch_head(const uint8_t* block, size_t bytes, int kv_head) {
 // ahead. scores: (kGroup, stride).
 constexpr int kAhead = 4;
 void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
-                 float* out) {
+                 float* out, const KvCodec* v_codec = nullptr) {
+  const KvCodec& v = v_codec != nullptr ? *v_codec : *set.v;
   const int stride = set.n_blocks * set.block;
   const size_t block_step = set.k_bytes + set.v_bytes;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
@@ -156,8 +159,7 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
     const int n = std::min(set.block, set.n_ctx - b * set.block);
     if (b + kAhead < set.n_blocks)
       prefetch_head(arena + size_t(b + kAhead) * block_step + set.k_bytes, set.v_bytes, kv_head);
-    set.v->accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head,
-                      out);
+    v.accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head, out);
   }
   for (int i = 0; i < kGroup; ++i)
     for (int d = 0; d < kHeadDim; ++d) out[i * kHeadDim + d] *= inv_sum[i];
@@ -196,6 +198,44 @@ void BM_Attention(benchmark::State& state) {
   state.counters["layer_MiB"] = layer_bytes / double(1 << 20);
   state.SetLabel(codec_pairs()[size_t(pair)].name);
 }
+
+// 8-bit against 16-bit value weights (int_codecs.h) on one layer, one
+// thread: the two codecs read the same blocks and alternate layer by layer,
+// so the host's drift (±15% between runs here) hits both alike. Reports the
+// median layer time of each and their ratio.
+void BM_ValueWeights(benchmark::State& state) {
+  const int pair = int(state.range(0)), n_ctx = int(state.range(1));
+  const LayerSet& set = layer_set(pair, n_ctx);
+  set_byte_value_weights(false);
+  const std::unique_ptr<KvCodec> v16 = make_kv_codec(codec_pairs()[size_t(pair)].v, set.v->shape());
+  set_byte_value_weights(true);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);
+  for (auto& e : q) e = normal(rng);
+  std::vector<float> out(q.size());
+  std::vector<float> scores(kGroup * size_t(set.n_blocks) * set.block);
+  std::vector<double> seconds[2];  // 8-bit, 16-bit
+  size_t layer = 0;
+  for (auto _ : state) {
+    for (int w = 0; w < 2; ++w) {
+      const uint8_t* arena = set.copies[layer++ % set.copies.size()].data();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int h = 0; h < kKvHeads; ++h)
+        attend_head(set, arena, h, q.data() + size_t(h) * kGroup * kHeadDim, scores.data(),
+                    out.data() + size_t(h) * kGroup * kHeadDim, w == 0 ? set.v.get() : v16.get());
+      benchmark::DoNotOptimize(out.data());
+      seconds[w].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (auto& x : seconds) std::sort(x.begin(), x.end());
+  const double w8 = seconds[0][seconds[0].size() / 2], w16 = seconds[1][seconds[1].size() / 2];
+  state.counters["w8_us"] = w8 * 1e6;
+  state.counters["w16_us"] = w16 * 1e6;
+  state.counters["w8_over_w16"] = w8 / w16;
+  state.SetLabel(codec_pairs()[size_t(pair)].name);
+}
+BENCHMARK(BM_ValueWeights)->ArgNames({"codec", "ctx"})->Args({9, 4096})->Args({9, 16384})->Args({5, 4096})->Args({5, 16384})->Args({1, 4096});
 
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "ctx", "threads"});

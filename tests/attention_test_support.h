@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include "attention/paged_attention.h"
 #include "kv/channel_codec.h"
+#include "kv/int_codecs.h"
 #include "kv/kv_cache.h"
 
 namespace kvserve::testing_attention {
@@ -75,6 +77,49 @@ inline double rounded_query_allowance(const KvCache& cache, int layer, const Blo
                                       int kv_head, int group, int head_dim, const float* q) {
   const double delta = rounded_query_delta(cache, layer, table, n_ctx, kv_head, group, head_dim, q);
   return delta > 0 ? std::expm1(2 * delta) * max_value(cache, layer, table, n_ctx, kv_head, head_dim) : 0.0;
+}
+
+// What 8-bit value weights (token_weight_steps() == 127) may add to an
+// attention output element. In each block read with them, token t's u_t =
+// w_t scale_t is rounded to a step of max_t u_t / 127; after the midpoint
+// correction a token misses at most half a step against |code - 7.5| <= 7.5,
+// and scale_t <= 1.05 * 2 max |v| / 15 (8-bit scales round up). With p the
+// exact softmax weights, (rows, n_ctx) (a query's, or a group's sums, which
+// bound each of them), the largest over rows of
+//   sum_b n_b max_{t in b} p_t * 3.75 * 1.05 * 2 max |v| / (15 * 127),
+// times e^(4 delta) for weights moved by an 8-bit query's score error delta
+// (each p_t and the block's largest).
+inline double weight_rounding_bound(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
+                                    int kv_head, int head_dim, const std::vector<double>& p, int rows,
+                                    double delta) {
+  const int32_t bs = cache.block_size();
+  double top = 0;
+  for (int r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int32_t b = 0; b * bs < n_ctx; ++b) {
+      const KvBlockView vb = cache.v_view(layer, table, b, n_ctx);
+      if (token_weight_steps(vb.codec->config(), vb.codec->shape()) != 127) continue;
+      const int n = std::min(bs, n_ctx - b * bs);
+      double max_p = 0;
+      for (int t = 0; t < n; ++t) max_p = std::max(max_p, p[size_t(r) * size_t(n_ctx) + size_t(b * bs + t)]);
+      sum += n * max_p;
+    }
+    top = std::max(top, sum);
+  }
+  if (top == 0) return 0.0;
+  return top * 3.75 * 1.05 * 2 / (15 * 127) * max_value(cache, layer, table, n_ctx, kv_head, head_dim) *
+         std::exp(4 * delta);
+}
+
+// Both roundings' allowance for attend_kv_head against attend_kv_head_reference.
+inline double rounding_allowance(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
+                                 int kv_head, int group, int head_dim, const float* q) {
+  std::vector<float> ref(size_t(group) * size_t(head_dim));
+  std::vector<double> p;
+  attend_kv_head_reference(cache, layer, table, n_ctx, kv_head, group, head_dim, q, ref.data(), &p);
+  const double delta = rounded_query_delta(cache, layer, table, n_ctx, kv_head, group, head_dim, q);
+  return rounded_query_allowance(cache, layer, table, n_ctx, kv_head, group, head_dim, q) +
+         weight_rounding_bound(cache, layer, table, n_ctx, kv_head, head_dim, p, group, delta);
 }
 
 }  // namespace kvserve::testing_attention

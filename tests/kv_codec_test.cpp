@@ -11,6 +11,7 @@
 #include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
 #include "kv/channel_codec.h"
+#include "kv/int_codecs.h"
 #include "kv/scale8.h"
 #include "util/error.h"
 
@@ -60,6 +61,14 @@ std::vector<Case> all_cases() {
   }
   cases.push_back({{KvDType::Q4_0}, small});
   cases.push_back({{KvDType::Q4_0}, wide});
+  // 4-bit values with one group per head in 32-token blocks meet 8-bit
+  // weights (token_weight_steps); 8-dim heads through the scalar loop.
+  for (const KvBlockShape& s : {KvBlockShape{32, 4, 8}, KvBlockShape{32, 2, 64}})
+    for (int bits : {16, 8}) {
+      KvCodecConfig c{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
+      c.scale_bits = bits;
+      cases.push_back({c, s});
+    }
   return cases;
 }
 
@@ -188,12 +197,14 @@ double folded_query_error(const KvCodec& codec, const float* q, const uint8_t* b
 }
 
 // Values with one group per head are accumulated with u_t = w_t scale_t
-// rounded to 16 bits: per token at most half a step of max_t u_t / 32767
-// against a code of at most 2^B - 1, and scale_t (2^B - 1) is the token's
-// range, at most 2 max |v|. w: the weights of one query.
+// rounded to 16 bits, or 8 where the codec says so (token_weight_steps):
+// per token at most half a step of max_t u_t / steps against a code of at
+// most 2^B - 1, and scale_t (2^B - 1) is the token's range, at most 2 max |v|
+// (1.05 for 8-bit scales, rounded up). w: the weights of one query.
 double folded_weight_error(const KvCodec& codec, const float* w, const uint8_t* block, int n, int kv_head) {
   if (!rounds_folded(codec, KvGrouping::Token)) return 0;
-  return 1.01 * n * max_abs(w, n) * max_decoded(codec, block, n, kv_head) / 32767;
+  const int steps = token_weight_steps(codec.config(), codec.shape());
+  return 1.05 * n * max_abs(w, n) * max_decoded(codec, block, n, kv_head) / (steps > 0 ? steps : 32767);
 }
 
 // What float summation order alone may change in sum_t w_t v_t: n rounding
@@ -312,6 +323,41 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
     for (int t = 0; t < bs; ++t) mean += (double(s1[size_t(i * bs + t)]) - s2[size_t(i * bs + t)]) / bs;
     const double step = top / 127;
     EXPECT_LT(std::fabs(mean), 0.5 * step + 1e-5) << "query " << i << ": mean error " << mean / step << " steps";
+  }
+}
+
+// The same for 8-bit value weights: the residual's midpoint part joins the
+// bias, so where each token's codes cover 0..15 evenly across the channels
+// the channels' mean error is that of float arithmetic alone; without the
+// correction it is 7.5 steps times the sum of the residuals.
+TEST(KvCodec, EightBitWeightResidualAveragesOut) {
+  const KvBlockShape shape{32, 1, 64};
+  const KvCodecConfig config{KvDType::INT4, KvGrouping::Token, 64, {}, {}};
+  if (token_weight_steps(config, shape) != 127) GTEST_SKIP() << "no 8-bit weight kernel in this build";
+  auto codec = make_kv_codec(config, shape);
+  const int hd = shape.head_dim, bs = shape.block_size;
+  std::vector<float> x(size_t(bs) * hd);
+  for (int t = 0; t < bs; ++t)
+    for (int d = 0; d < hd; ++d) x[size_t(t) * hd + d] = 0.25f * float(1 + t % 4) * float((t + 5 * d) % 16 - 8);
+  std::vector<uint8_t> block(codec->block_bytes());
+  codec->encode_block(block.data(), x.data(), bs);
+  std::vector<float> decoded(static_cast<size_t>(hd));
+  for (int t = 0; t < bs; ++t) {  // the codes are the intended ones: each of 0..15 four times per token
+    codec->decode_token(block.data(), t, decoded.data());
+    for (int d = 0; d < hd; ++d) ASSERT_EQ(decoded[size_t(d)], x[size_t(t) * hd + d]);
+  }
+  const int n_q = 3;
+  std::vector<float> w(size_t(n_q) * bs);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(3 * i + 1)));
+  std::vector<float> o1(size_t(n_q) * hd, 0.0f), o2(o1);
+  codec->accumulate(w.data(), n_q, bs, block.data(), bs, 0, o1.data());
+  accumulate_reference(*codec, w.data(), n_q, bs, block.data(), bs, 0, o2.data());
+  for (int i = 0; i < n_q; ++i) {
+    double top = 0, mean = 0;  // max_t w_t scale_t, the channels' mean error
+    for (int t = 0; t < bs; ++t) top = std::max(top, double(w[size_t(i * bs + t)]) * 0.25 * (1 + t % 4));
+    for (int d = 0; d < hd; ++d) mean += (double(o1[size_t(i * hd + d)]) - o2[size_t(i * hd + d)]) / hd;
+    const double step = top / 127;
+    EXPECT_LT(std::fabs(mean), 0.05 * step) << "query " << i << ": mean error " << mean / step << " steps";
   }
 }
 

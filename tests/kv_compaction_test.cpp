@@ -169,7 +169,7 @@ TEST_P(Compaction, KeptTokensAndAttentionSurvive) {
       // (logits within ~1e-4, outputs within 1e-4), or to 8 bits (channel_codec.cpp).
       const double now_tolerance =
           (cc.keys_reencoded ? 1e-4 : 2e-5) +
-          testing_attention::rounded_query_allowance(cache, layer, t, t.num_tokens, h, group, head_dim, q.data());
+          testing_attention::rounding_allowance(cache, layer, t, t.num_tokens, h, group, head_dim, q.data());
       for (size_t i = 0; i < out.size(); ++i) {
         EXPECT_NEAR(out[i], ref_now[i], now_tolerance) << cc.name;
         EXPECT_NEAR(out[i], ref_kept[i], cc.attention_tolerance) << cc.name << " layer " << layer << " head " << h;

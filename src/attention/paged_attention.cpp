@@ -130,8 +130,9 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
 
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,
                               int32_t n_ctx, int kv_head, int group, int head_dim,
-                              const float* q, float* out) {
+                              const float* q, float* out, std::vector<double>* weights) {
   const int32_t bs = cache.block_size();
+  if (weights != nullptr) weights->assign(size_t(group) * size_t(n_ctx), 0.0);
   const int kv_dim = cache.k_codec(layer).shape().kv_dim();
   std::vector<float> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim));
   std::vector<double> s(static_cast<size_t>(n_ctx));
@@ -155,6 +156,8 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
     }
     double sum = 0;
     for (auto& x : s) sum += (x = std::exp(x - max_s));
+    if (weights != nullptr)
+      for (int32_t t = 0; t < n_ctx; ++t) (*weights)[size_t(i) * size_t(n_ctx) + size_t(t)] = s[size_t(t)] / sum;
     std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
     for (int32_t t = 0; t < n_ctx; ++t) {
       if (s[size_t(t)] == 0) continue;  // evicted (or underflowed: adds nothing)

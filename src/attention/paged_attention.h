@@ -48,9 +48,10 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
                     AttentionScratch& scratch, const AttentionSparsity& sparsity = {});
 
 // Scalar reference: decodes every live token with the codec and computes the
-// same result in double precision. Same shapes as attend_kv_head.
+// same result in double precision. Same shapes as attend_kv_head; weights,
+// when given, receives the softmax weights, (group, n_ctx).
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,
                               int32_t n_ctx, int kv_head, int group, int head_dim,
-                              const float* q, float* out);
+                              const float* q, float* out, std::vector<double>* weights = nullptr);
 
 }  // namespace kvserve

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -201,7 +202,9 @@ struct Natural {
 inline void fold_steps(const __m512* top, int nq, float qmax, float* step, float* inv) {
   const __m128 tops = kvserve::simd::reduce4<true>(top, nq);
   _mm_mask_storeu_ps(step, __mmask8((1u << nq) - 1), _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
-  _mm_storeu_ps(inv, _mm_maskz_div_ps(_mm_cmp_ps_mask(tops, _mm_setzero_ps(), _CMP_GT_OQ), _mm_set1_ps(qmax), tops));
+  // A top so small (a denormal weight) that qmax / top overflows folds to zero.
+  const __mmask8 finite = _mm_cmp_ps_mask(tops, _mm_set1_ps(qmax / std::numeric_limits<float>::max()), _CMP_GT_OQ);
+  _mm_storeu_ps(inv, _mm_maskz_div_ps(finite, _mm_set1_ps(qmax), tops));
 }
 
 inline float* scratch(int slot, size_t n) {

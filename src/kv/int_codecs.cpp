@@ -5,8 +5,30 @@
 #include "kv/scale8.h"
 #include "util/error.h"
 
+#include <atomic>
+
 namespace kvserve {
 namespace int_codec {
+
+// set_byte_value_weights: on by default.
+std::atomic<bool> g_byte_value_weights{true};
+
+// Whether TokenGroupCodec accumulates these values with 8-bit weights
+// (accumulate_bytes): 4-bit dynamic codes with one group per head, head-major,
+// in blocks of 32+ tokens (a multiple of 4), on AVX-512 VNNI + VBMI builds.
+// With 16-token blocks (the int4 preset) the 8-bit fold's extra work ate the
+// gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
+// (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
+static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  return g_byte_value_weights.load(std::memory_order_relaxed) && c.dtype == KvDType::INT4 &&
+         c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim && s.head_dim % 2 == 0 &&
+         s.block_size >= 32 && s.block_size % 4 == 0;
+#else
+  (void)c, (void)s;
+  return false;
+#endif
+}
 
 // Score and accumulate for codecs whose tokens can be read one at a time.
 // With AVX-512 and a head slice the vector kernels can walk (Derived::
@@ -115,6 +137,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #if defined(__AVX512BW__)
     pairs_ready_ = head_major_ && group_ == hd && B >= 4 && hd % kUnitChannels == 0;
 #endif
+    byte_weights_ = byte_weight_kernel(c, s);
     if (simd_ && group_ < hd)
       for (int p = 0; p < hd; ++p) {  // lane-order position p -> element of the head slice
         const int c = p / Order::kCodes, k = p % Order::kCodes / 16, j = p % 16;
@@ -252,6 +275,12 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   // of 8-bit codes, 8 of 4-bit) and vpmaddwd.
   bool integer_accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                           float* out) const {
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+    if (byte_weights_ && n > 0) {
+      accumulate_bytes(weights, n_q, stride, block, n, kv_head, out);
+      return true;
+    }
+#endif
     if (!pairs_ready_ || n <= 0) return false;
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
     const uint8_t* codes = head_codes(block, kv_head);
@@ -467,6 +496,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   bool compact_;            // 8-bit scales (kv/scale8.h): one run per (block, head)
   bool simd_ = false;
   bool pairs_ready_ = false;         // integer_accumulate applies
+  [[maybe_unused]] bool byte_weights_ = false;  // ... with 8-bit weights (accumulate_bytes)
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
 
 #if defined(__AVX512BW__)
@@ -489,9 +519,12 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   // n2) = round(w_t scale_t / step) (zero past n), step = max_t w_t scale_t /
   // qmax, bias = sum_t w_t min_t. meta: the head's (scale, min) per token.
   // u: scratch of (NQ, ns) floats.
-  template <int NQ>
+  // Out = int8_t (qmax 127): as the 8-bit query fold in channel_codec.cpp,
+  // the rounding residual's part at the codes' midpoint joins the bias.
+  static constexpr float kMid = 0.5f * float((1 << B) - 1);
+  template <int NQ, class Out = int16_t>
   static void fold_weights(const float* w, int stride, const uint8_t* meta, int n, int n2, int ns, float qmax,
-                           float* u, float* step, float* bias, int16_t* u16) {
+                           float* u, float* step, float* bias, Out* u16) {
     __m512 top[NQ], b[NQ];
     #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) top[i] = b[i] = _mm512_setzero_ps();
@@ -499,6 +532,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const __mmask16 m = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(0, n - t)) - 1);
       __m512 sc, mn;
       simd::split_pairs(_mm512_maskz_loadu_epi32(m, meta + size_t(t) * 4), sc, mn);
+      if constexpr (sizeof(Out) == 1) mn = _mm512_fmadd_ps(sc, _mm512_set1_ps(kMid), mn);  // the midpoint term
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
         const __m512 wt = _mm512_maskz_loadu_ps(m, w + size_t(i) * stride + t);
@@ -511,17 +545,134 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     alignas(16) float invs[4];
     simd::fold_steps(top, NQ, qmax, step, invs);
     _mm_mask_storeu_ps(bias, __mmask8((1u << NQ) - 1), kvserve::simd::reduce4<false>(b, NQ));
+    __m512i rounded_sum[NQ];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) rounded_sum[i] = _mm512_setzero_si512();
     for (int t = 0; t < n2; t += 16) {
       const __mmask16 m = n2 - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n2 - t)) - 1);
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
         const __m512 ut = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, u + size_t(i) * ns + t), _mm512_set1_ps(invs[i]));
-        _mm256_mask_storeu_epi16(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(ut)));
+        const __m512i rounded = _mm512_cvtps_epi32(ut);
+        if constexpr (sizeof(Out) == 1) {
+          _mm_mask_storeu_epi8(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi8(rounded));
+          rounded_sum[i] = _mm512_add_epi32(rounded_sum[i], rounded);
+        } else {
+          _mm256_mask_storeu_epi16(u16 + size_t(i) * n2 + t, m, _mm512_cvtepi32_epi16(rounded));
+        }
       }
     }
+    // The bias took sum_t w_t kMid scale_t = kMid step sum_t x_t (x_t =
+    // u_t / step, unrounded); what the codes' midpoint meets in the dot
+    // products is kMid step sum_t round(x_t). The difference is the residual's
+    // midpoint part, which stays in the bias.
+    if constexpr (sizeof(Out) == 1)
+      for (int i = 0; i < NQ; ++i) bias[i] -= kMid * step[i] * float(_mm512_reduce_add_epi32(rounded_sum[i]));
   }
   // First channel of natural vector m (0, 1) of word vector w.
   static int first_channel(int w, int m) { return B == 8 ? 16 * m : 16 * w + 32 * m; }
+
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  // Values with one group per head, 4-bit codes, weights rounded to 8 bits:
+  // u8_t = round(w_t scale_t / step), step = max_t w_t scale_t / 127 per
+  // (query, block). vpdpbusd multiplies four code bytes (unsigned) by four
+  // weight bytes (0..127) per lane: lanes are channels and each lane's four
+  // bytes are four tokens, so one instruction covers 16 channels of 4 tokens,
+  // twice the tokens of the 16-bit pairs. The weights' rounding adds an error
+  // of at most half a step per token; its part at the codes' midpoint is
+  // added back to the bias (fold_weights). Heads that are not a multiple of
+  // 64 channels (stories260K's 8) take a scalar loop with the same numbers.
+  void accumulate_bytes(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                        float* out) const {
+    const int hd = shape_.head_dim, n4 = (n + 3) / 4 * 4;  // tokens, padded to whole quads (block_size % 4 == 0)
+    const int ns = (n4 + 15) / 16 * 16;                   // floats of u per query
+    const uint8_t* codes = head_codes(block, kv_head);
+    const uint8_t* meta = head_pairs(block, kv_head);
+    simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> ubuf;
+    if (fbuf.size() < size_t(n_q) * (ns + 2)) fbuf.resize(size_t(n_q) * (ns + 2));
+    if (ubuf.size() < size_t(n_q) * n4 / 4) ubuf.resize(size_t(n_q) * n4 / 4);
+    float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
+    int8_t* u8 = reinterpret_cast<int8_t*>(ubuf.data());  // (n_q, n4)
+    by_query_groups(n_q, [&](auto nq, int i) {
+      fold_weights<nq.value, int8_t>(weights + size_t(i) * stride, stride, meta, n, n4, ns, 127.0f, u, step + i,
+                                     bias + i, u8 + size_t(i) * n4);
+      if (hd % 64 == 0) {
+        accumulate_quads<nq.value>(codes, ubuf.data() + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
+                                   out + size_t(i) * hd);
+        return;
+      }
+      for (int k = i; k < i + nq.value; ++k)
+        for (int d = 0; d < hd; ++d) {
+          int32_t acc = 0;
+          for (int t = 0; t < n; ++t) acc += int32_t(u8[size_t(k) * n4 + t]) * get_code<B>(codes + size_t(t) * head_code_bytes_, d);
+          out[size_t(k) * hd + d] += float(acc) * step[k] + bias[k];
+        }
+    });
+  }
+  // NQ queries; u: (NQ, uquads) int32 = four 8-bit weights of tokens 4j ..
+  // 4j + 3 (zero past n). Tokens [t, t + 4): two loads of two 32-byte rows
+  // (a unit's 64 channels per token; byte p holds channels 2p and 2p + 1)
+  // and one vpermi2b per 16 bytes put byte p of each token in lane p; the
+  // low nibbles are then channel 2p's four codes, the high ones 2p + 1's.
+  template <int NQ>
+  void accumulate_quads(const uint8_t* codes, const int32_t* u, int uquads, int n4, const float* step,
+                        const float* bias, float* out) const {
+    const int hd = shape_.head_dim;
+    const size_t row = head_code_bytes_;
+    alignas(64) static constexpr auto kIdx = [] {
+      struct { uint8_t idx[2][64]; } t{};
+      for (int h = 0; h < 2; ++h)  // bytes 16h .. 16h + 15 of tokens 0..3 (32 bytes apart)
+        for (int l = 0; l < 16; ++l)
+          for (int j = 0; j < 4; ++j) t.idx[h][4 * l + j] = uint8_t(32 * j + 16 * h + l);
+      return t;
+    }();
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    // acc[i][2h + k] holds channel 32h + 2l + k in lane l: natural order
+    // interleaves lanes 0-7 (then 8-15) of the even and odd vectors.
+    const __m512i order[2] = {_mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0),
+                              _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8)};
+    auto rows = [&](const uint8_t* p) {  // two consecutive tokens' 32 bytes
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row)), 1);
+    };
+    for (int unit = 0; unit * 64 < hd; ++unit) {
+      __m512i acc[NQ][4];
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc[i][k] = _mm512_setzero_si512();
+      const uint8_t* base = codes + size_t(unit) * 32;
+      for (int t = 0; t < n4; t += 4) {
+        const __m512i a = rows(base + size_t(t) * row), b = rows(base + size_t(t + 2) * row);
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_permutex2var_epi8(a, _mm512_load_si512(kIdx.idx[h]), b);
+          const __m512i even = _mm512_and_si512(v, nib), odd = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+          #pragma GCC unroll 8
+          for (int i = 0; i < NQ; ++i) {
+            const __m512i ut = _mm512_set1_epi32(u[size_t(i) * uquads + t / 4]);
+            acc[i][2 * h] = _mm512_dpbusd_epi32(acc[i][2 * h], even, ut);
+            acc[i][2 * h + 1] = _mm512_dpbusd_epi32(acc[i][2 * h + 1], odd, ut);
+          }
+        }
+      }
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h)
+          #pragma GCC unroll 2
+          for (int m = 0; m < 2; ++m) {
+            const __m512i v = _mm512_permutex2var_epi32(acc[i][2 * h], order[m], acc[i][2 * h + 1]);
+            float* o = out + size_t(i) * hd + unit * 64 + 32 * h + 16 * m;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(v),
+                                                                                   _mm512_set1_ps(step[i]),
+                                                                                   _mm512_set1_ps(bias[i]))));
+          }
+    }
+  }
+#endif
 
   // NQ queries; u: (NQ, upairs) int32 = (u_t, u_t+1) 16-bit pairs.
   template <int NQ>
@@ -698,6 +849,12 @@ std::unique_ptr<KvCodec> make_int_codec(const KvCodecConfig& config, const KvBlo
     default: return int_codec::make_int<2>(config, shape);
   }
 }
+
+int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
+  return int_codec::byte_weight_kernel(config, shape) ? 127 : 0;
+}
+
+void set_byte_value_weights(bool enabled) { int_codec::g_byte_value_weights.store(enabled); }
 
 std::unique_ptr<KvCodec> make_q4_0_codec(const KvCodecConfig& config, const KvBlockShape& shape) {
   return std::make_unique<int_codec::Q4_0Codec>(config, shape);

@@ -14,4 +14,14 @@ namespace kvserve {
 std::unique_ptr<KvCodec> make_int_codec(const KvCodecConfig& config, const KvBlockShape& shape);
 std::unique_ptr<KvCodec> make_q4_0_codec(const KvCodecConfig& config, const KvBlockShape& shape);
 
+// The rounding steps across the largest folded value weight (w_t scale_t)
+// in the accumulate of 4-bit values with one group per head: 127 where they
+// meet 8-bit weights (vpdpbusd; AVX-512 VNNI and VBMI builds, blocks of 32+
+// tokens, a multiple of 4), else 0 (16-bit or float weights). For error bounds.
+int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape);
+
+// Process-wide, for benchmarks and tests: false makes codecs created from
+// then on keep 16-bit weights where they would take 8-bit ones.
+void set_byte_value_weights(bool enabled);
+
 }  // namespace kvserve
