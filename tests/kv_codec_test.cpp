@@ -287,6 +287,25 @@ std::vector<Case> model_cases() {
   return cases;
 }
 
+// A full block of one KV head's rows x whose codes are the intended ones
+// (every value exact in the format); empty, with a failure, otherwise.
+std::vector<uint8_t> encode_exactly(const KvCodec& codec, const std::vector<float>& x) {
+  const int hd = codec.shape().head_dim, bs = codec.shape().block_size;
+  std::vector<uint8_t> block(codec.block_bytes());
+  codec.encode_block(block.data(), x.data(), bs);
+  std::vector<float> decoded(static_cast<size_t>(hd));
+  for (int t = 0; t < bs; ++t) {
+    codec.decode_token(block.data(), t, decoded.data());
+    for (int d = 0; d < hd; ++d)
+      if (decoded[size_t(d)] != x[size_t(t) * hd + d]) {
+        ADD_FAILURE() << "token " << t << " channel " << d << " decodes to " << decoded[size_t(d)] << ", not "
+                      << x[size_t(t) * hd + d];
+        return {};
+      }
+  }
+  return block;
+}
+
 // The 8-bit query kernel (4-bit keys, groups of 32+ tokens) adds the part of
 // its rounding residuals at the codes' midpoint to the bias: what remains,
 // step sum_c r_c (code_tc - 7.5), averages to zero over tokens whose codes
@@ -305,13 +324,8 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
       const float w = 0.25f * float(1 + c % 4);  // exact in fp16, as are the mins
       x[size_t(t) * hd + c] = w * float((t + 3 * c) % 16 - 8);
     }
-  std::vector<uint8_t> block(codec->block_bytes());
-  codec->encode_block(block.data(), x.data(), bs);
-  std::vector<float> decoded(static_cast<size_t>(hd));
-  for (int t = 0; t < bs; ++t) {  // the codes are the intended ones
-    codec->decode_token(block.data(), t, decoded.data());
-    for (int c = 0; c < hd; ++c) ASSERT_EQ(decoded[size_t(c)], x[size_t(t) * hd + c]);
-  }
+  const std::vector<uint8_t> block = encode_exactly(*codec, x);
+  ASSERT_FALSE(block.empty());
   const int n_q = 3;
   std::vector<float> q = sample_rows(n_q, hd, 9);
   std::vector<float> s1(size_t(n_q) * bs), s2(s1.size());
@@ -339,13 +353,8 @@ TEST(KvCodec, EightBitWeightResidualAveragesOut) {
   std::vector<float> x(size_t(bs) * hd);
   for (int t = 0; t < bs; ++t)
     for (int d = 0; d < hd; ++d) x[size_t(t) * hd + d] = 0.25f * float(1 + t % 4) * float((t + 5 * d) % 16 - 8);
-  std::vector<uint8_t> block(codec->block_bytes());
-  codec->encode_block(block.data(), x.data(), bs);
-  std::vector<float> decoded(static_cast<size_t>(hd));
-  for (int t = 0; t < bs; ++t) {  // the codes are the intended ones: each of 0..15 four times per token
-    codec->decode_token(block.data(), t, decoded.data());
-    for (int d = 0; d < hd; ++d) ASSERT_EQ(decoded[size_t(d)], x[size_t(t) * hd + d]);
-  }
+  const std::vector<uint8_t> block = encode_exactly(*codec, x);  // each of 0..15 four times per token
+  ASSERT_FALSE(block.empty());
   const int n_q = 3;
   std::vector<float> w(size_t(n_q) * bs);
   for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(3 * i + 1)));

@@ -289,16 +289,12 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
     const float qmax = folded_qmax<B>(n2);
     const int ns = (n2 + 15) / 16 * 16;  // floats of u per query
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int32_t> ubuf;
-    if (fbuf.size() < size_t(n_q) * (ns + 2)) fbuf.resize(size_t(n_q) * (ns + 2));
-    if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
-    float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
-    int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
+    const WeightScratch f = weight_scratch(n_q, ns, size_t(n_q) * n2 / 2);
+    int16_t* u16 = reinterpret_cast<int16_t*>(f.words);  // (n_q, n2)
     by_query_groups(n_q, [&](auto nq, int i) {
-      fold_weights<nq.value>(weights + size_t(i) * stride, stride, meta, n, n2, ns, qmax, u, step + i, bias + i,
-                             u16 + size_t(i) * n2);
-      accumulate_pairs<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, step + i, bias + i,
+      fold_weights<nq.value>(weights + size_t(i) * stride, stride, meta, n, n2, ns, qmax, f.u, f.step + i,
+                             f.bias + i, u16 + size_t(i) * n2);
+      accumulate_pairs<nq.value>(codes, f.words + size_t(i) * n2 / 2, n2 / 2, n, f.step + i, f.bias + i,
                                  out + size_t(i) * hd);
     });
 #else
@@ -515,6 +511,20 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       x[1] = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(lo, hi));
     }
   }
+  // Per-thread scratch of the value folds: u (n_q, ns) floats, then step and
+  // bias (n_q each), and `count` int32 words of folded weights.
+  struct WeightScratch {
+    float *u, *step, *bias;
+    int32_t* words;
+  };
+  static WeightScratch weight_scratch(int n_q, int ns, size_t count) {
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> ubuf;
+    if (fbuf.size() < size_t(n_q) * (ns + 2)) fbuf.resize(size_t(n_q) * (ns + 2));
+    if (ubuf.size() < count) ubuf.resize(count);
+    float* u = fbuf.data();
+    return {u, u + size_t(n_q) * ns, u + size_t(n_q) * ns + n_q, ubuf.data()};
+  }
   // NQ queries' weights (NQ, stride) folded with the tokens' scales: u16 (NQ,
   // n2) = round(w_t scale_t / step) (zero past n), step = max_t w_t scale_t /
   // qmax, bias = sum_t w_t min_t. meta: the head's (scale, min) per token.
@@ -589,17 +599,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     const uint8_t* codes = head_codes(block, kv_head);
     const uint8_t* meta = head_pairs(block, kv_head);
     simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int32_t> ubuf;
-    if (fbuf.size() < size_t(n_q) * (ns + 2)) fbuf.resize(size_t(n_q) * (ns + 2));
-    if (ubuf.size() < size_t(n_q) * n4 / 4) ubuf.resize(size_t(n_q) * n4 / 4);
-    float *u = fbuf.data(), *step = u + size_t(n_q) * ns, *bias = step + n_q;
-    int8_t* u8 = reinterpret_cast<int8_t*>(ubuf.data());  // (n_q, n4)
+    const WeightScratch f = weight_scratch(n_q, ns, size_t(n_q) * n4 / 4);
+    float *step = f.step, *bias = f.bias;
+    int8_t* u8 = reinterpret_cast<int8_t*>(f.words);  // (n_q, n4)
     by_query_groups(n_q, [&](auto nq, int i) {
-      fold_weights<nq.value, int8_t>(weights + size_t(i) * stride, stride, meta, n, n4, ns, 127.0f, u, step + i,
+      fold_weights<nq.value, int8_t>(weights + size_t(i) * stride, stride, meta, n, n4, ns, 127.0f, f.u, step + i,
                                      bias + i, u8 + size_t(i) * n4);
       if (hd % 64 == 0) {
-        accumulate_quads<nq.value>(codes, ubuf.data() + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
+        accumulate_quads<nq.value>(codes, f.words + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
                                    out + size_t(i) * hd);
         return;
       }
