@@ -83,10 +83,11 @@ inline double rounded_query_allowance(const KvCache& cache, int layer, const Blo
 // attention output element. In each block read with them, token t's u_t =
 // w_t scale_t is rounded to a step of max_t u_t / 127; after the midpoint
 // correction a token misses at most half a step against |code - 7.5| <= 7.5,
-// and scale_t <= 1.05 * 2 max |v| / 15 (8-bit scales round up). With p the
-// exact softmax weights, (rows, n_ctx) (a query's, or a group's sums, which
-// bound each of them), the largest over rows of
-//   sum_b n_b max_{t in b} p_t * 3.75 * 1.05 * 2 max |v| / (15 * 127),
+// and scale_t <= 2.15 max |v| / 15 (8-bit scales round up by up to 4.4%, so
+// the top value can land on code 14: 15 / 7 < 2.15). With p the exact
+// softmax weights, (rows, n_ctx) (a query's, or a group's sums, which bound
+// each of them), the largest over rows of
+//   sum_b n_b max_{t in b} p_t * 3.75 * 2.15 max |v| / (15 * 127),
 // times e^(4 delta) for weights moved by an 8-bit query's score error delta
 // (each p_t and the block's largest).
 inline double weight_rounding_bound(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
@@ -107,7 +108,7 @@ inline double weight_rounding_bound(const KvCache& cache, int layer, const Block
     top = std::max(top, sum);
   }
   if (top == 0) return 0.0;
-  return top * 3.75 * 1.05 * 2 / (15 * 127) * max_value(cache, layer, table, n_ctx, kv_head, head_dim) *
+  return top * 3.75 * 2.15 / (15 * 127) * max_value(cache, layer, table, n_ctx, kv_head, head_dim) *
          std::exp(4 * delta);
 }
 

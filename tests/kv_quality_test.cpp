@@ -50,7 +50,7 @@ TEST_F(KvQuality, Fp32AgainstItselfIsExact) {
 
 TEST_F(KvQuality, PresetsDegradeInOrderOfTheirBits) {
   // Bounds are 3-5x the KL measured on these 4 chunks (3e-6, 2e-5, 4.6e-4,
-  // 5.4e-4, 1.7e-2, 2.2e-2; BENCHMARKS.md has the 100-chunk numbers), so a
+  // 5.6e-4, 1.7e-2, 2.2e-2; BENCHMARKS.md has the 100-chunk numbers), so a
   // codec regression trips them. The -small presets (8-bit scales, 32-token
   // key groups) cost a little more than their full-size namesakes.
   double last_kl = -1;

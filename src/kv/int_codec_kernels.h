@@ -198,11 +198,11 @@ struct Natural {
 
 // For nq <= 4 folded vectors, from the largest magnitude top[i] of each:
 // step[i] = max / qmax (the rounding step) and inv[i] = qmax / max (0 when
-// max is 0).
+// max is 0, or so small that qmax / max would overflow: such a vector
+// folds to zeros instead of infinities).
 inline void fold_steps(const __m512* top, int nq, float qmax, float* step, float* inv) {
   const __m128 tops = kvserve::simd::reduce4<true>(top, nq);
   _mm_mask_storeu_ps(step, __mmask8((1u << nq) - 1), _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
-  // A top so small (a denormal weight) that qmax / top overflows folds to zero.
   const __mmask8 finite = _mm_cmp_ps_mask(tops, _mm_set1_ps(qmax / std::numeric_limits<float>::max()), _CMP_GT_OQ);
   _mm_storeu_ps(inv, _mm_maskz_div_ps(finite, _mm_set1_ps(qmax), tops));
 }

@@ -16,14 +16,19 @@ std::atomic<bool> g_byte_value_weights{true};
 // Whether TokenGroupCodec accumulates these values with 8-bit weights
 // (accumulate_bytes): 4-bit dynamic codes with one group per head, head-major,
 // in blocks of 32+ tokens (a multiple of 4), on AVX-512 VNNI + VBMI builds.
+// Heads of a multiple of 64 channels take the vector kernel; heads the
+// vector float path cannot walk either (not a multiple of 32 channels:
+// stories260K's 8) a scalar loop with the same numbers. The rest keep the
+// float path, faster than that loop.
 // With 16-token blocks (the int4 preset) the 8-bit fold's extra work ate the
 // gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   return g_byte_value_weights.load(std::memory_order_relaxed) && c.dtype == KvDType::INT4 &&
-         c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim && s.head_dim % 2 == 0 &&
-         s.block_size >= 32 && s.block_size % 4 == 0;
+         c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
+         (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
+         s.block_size % 4 == 0;
 #else
   (void)c, (void)s;
   return false;
@@ -276,10 +281,11 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   bool integer_accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                           float* out) const {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-    if (byte_weights_ && n > 0) {
-      accumulate_bytes(weights, n_q, stride, block, n, kv_head, out);
-      return true;
-    }
+    if constexpr (B == 4)
+      if (byte_weights_ && n > 0) {
+        accumulate_bytes(weights, n_q, stride, block, n, kv_head, out);
+        return true;
+      }
 #endif
     if (!pairs_ready_ || n <= 0) return false;
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
@@ -583,7 +589,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   static int first_channel(int w, int m) { return B == 8 ? 16 * m : 16 * w + 32 * m; }
 
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-  // Values with one group per head, 4-bit codes, weights rounded to 8 bits:
+  // Values with one group per head, 4-bit codes, weights (>= 0: softmax
+  // weights, as for the 16-bit path) rounded to 8 bits:
   // u8_t = round(w_t scale_t / step), step = max_t w_t scale_t / 127 per
   // (query, block). vpdpbusd multiplies four code bytes (unsigned) by four
   // weight bytes (0..127) per lane: lanes are channels and each lane's four

@@ -18,6 +18,8 @@ std::unique_ptr<KvCodec> make_q4_0_codec(const KvCodecConfig& config, const KvBl
 // in the accumulate of 4-bit values with one group per head: 127 where they
 // meet 8-bit weights (vpdpbusd; AVX-512 VNNI and VBMI builds, blocks of 32+
 // tokens, a multiple of 4), else 0 (16-bit or float weights). For error bounds.
+// config as the codec holds it (group size resolved); the answer is what a
+// codec created now would do (see set_byte_value_weights).
 int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape);
 
 // Process-wide, for benchmarks and tests: false makes codecs created from

@@ -154,6 +154,8 @@ class KvCodec {
   }
   // Weighted sum of the first n values of the block:
   //   out[i * head_dim + d] += sum_t weights[i * stride + t] * value_t[kv_head][d]
+  // Weights are >= 0 (softmax weights): the integer codecs fold them with the
+  // tokens' scales against their largest value.
   virtual void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n,
                           int kv_head, float* out) const = 0;
 
