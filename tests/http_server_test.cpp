@@ -13,6 +13,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <latch>
 #include <thread>
@@ -675,6 +677,22 @@ TEST_F(HttpServerTest, ShutdownDrainsRunningStreamsAndRefusesNewRequests) {
   EXPECT_TRUE(r.done);
   EXPECT_EQ(stream_text(r), greedy(encode("Once upon a time"), 30).first);
   EXPECT_EQ(engine_->stats().finished_cancelled, 0);
+}
+
+// httplib's stop() reaches only a server already listening: start() waits
+// for that, so a shutdown right after it returns (it hung before, when a
+// test failed before its first request). Each round must end within seconds.
+TEST_F(HttpServerTest, ShutdownRightAfterStartReturns) {
+  for (int round = 0; round < 20; ++round) {
+    start();
+    auto done = std::async(std::launch::async, [this] { TearDown(); });
+    if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      std::fprintf(stderr, "shutdown right after start hung (round %d)\n", round);
+      std::abort();  // a clear failure rather than a test that never ends
+    }
+    server_.reset();
+    engine_.reset();
+  }
 }
 
 TEST_F(HttpServerTest, ShutdownCancelsWhatOutlivesTheDrainDeadline) {

@@ -215,7 +215,14 @@ int HttpServer::start() {
   if (port < 0) fail("cannot listen on {}:{} (address in use or not available)", options_.host, options_.port);
   static_cast<Listener&>(*http_).set_backlog(options_.listen_backlog);
   port_ = port;
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  listener_done_ = false;
+  listener_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_done_ = true;
+  });
+  // httplib's stop() only reaches a server already running: a shutdown
+  // right after start would leave the listener to run on, and join forever.
+  while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return port;
 }
 

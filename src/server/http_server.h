@@ -129,6 +129,7 @@ class HttpServer {
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
+  std::atomic<bool> listener_done_{false};  // listen_after_bind returned
   int port_ = 0;                          // the bound port, once started
   // httplib's connection threads (httplib owns them); set when listening starts.
   std::atomic<const ConnectionThreads*> connection_threads_{nullptr};
