@@ -1,12 +1,16 @@
 // kvserve bench: prefill and decode speed, KV cost, and the share of the
 // machine's memory bandwidth a decode step reaches, all in one run.
+#include <algorithm>
 #include <cstdio>
 #include <random>
+
+#include <fmt/ranges.h>
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "engine/workload.h"
+#include "kv/kv_spec.h"
 #include "tools/bench_replicas.h"
 #include "tools/bench_server.h"
 #include "tools/cli_common.h"
@@ -29,6 +33,9 @@ struct BenchArgs {
   // random K/V instead of running a prefill (decode cost does not depend on
   // the values), then prefill --prompt-tokens after them.
   int32_t fill_context = 0;
+  // A second KV preset decoded in the same run, steps interleaved, for a
+  // speed ratio that the host's noise between runs does not reach.
+  std::string compare_preset;
   // Serving workloads through the engine (--workload).
   WorkloadOptions workload;
   bool workload_given = false;
@@ -126,6 +133,49 @@ void fill_random_kv(KvCache& cache, BlockTable& table, int32_t n, int n_layers, 
   cache.commit(table, n);
 }
 
+// One KV configuration of the decode benchmark: its cache, its sequence
+// (random prompt after --fill-context random positions) and its step times.
+struct DecodeSubject {
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<SparsityPolicy> policy;
+  BlockTable table;
+  std::vector<int32_t> tokens;
+  Logits logits;
+  std::vector<double> step_seconds;
+
+  DecodeSubject(const ModelConfig& c, const KvCacheOptions& kvo, const SparsityOptions& sparsity,
+                const std::vector<int32_t>& prompt)
+      : cache(std::make_unique<KvCache>(c, kvo)), policy(make_sparsity_policy(sparsity, *cache)), tokens(prompt) {}
+
+  void forward(Transformer& transformer, std::span<const int32_t> new_tokens, const char* phase) {
+    if (!cache->reserve(table, int32_t(new_tokens.size()))) fail("out of KV blocks during {}", phase);
+    std::vector<BatchEntry> batch(1);
+    batch[0].table = &table;
+    batch[0].policy = policy.get();
+    batch[0].tokens = new_tokens;
+    transformer.forward(batch, *cache, logits);
+  }
+  void fill(int32_t positions, const ModelConfig& c) {
+    if (positions > 0) fill_random_kv(*cache, table, positions, c.n_layers, c.kv_dim());
+  }
+  void prefill(Transformer& transformer, int32_t prompt_tokens, int32_t step) {
+    for (int32_t done = 0; done < prompt_tokens; done += step)
+      forward(transformer, std::span<const int32_t>(tokens.data() + done, size_t(std::min(step, prompt_tokens - done))),
+              "prefill");
+  }
+  void decode_step(Transformer& transformer) {
+    tokens.push_back(argmax(logits.row(0), logits.vocab));
+    const Timer step;
+    forward(transformer, std::span<const int32_t>(&tokens.back(), 1), "decode");
+    step_seconds.push_back(step.seconds());
+  }
+  double median_step() const {
+    std::vector<double> s = step_seconds;
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    return s[s.size() / 2];
+  }
+};
+
 void run(const BenchArgs& a) {
   if (a.workload_given) return run_workload_bench(a);
   if (a.prompt_tokens <= 0 || a.gen_tokens <= 0) fail("--prompt-tokens and --gen-tokens must be positive");
@@ -139,45 +189,50 @@ void run(const BenchArgs& a) {
   ThreadPool pool(thread_count(a.common));
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
   const SparsityOptions sparsity = sparsity_options(a.sparsity);
-  KvCacheOptions kvo = kv_options(a.common, model->config().n_layers);
-  fit_kv_to_sparsity(sparsity, kvo);
-  if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
-  KvCache cache(c, kvo);
+  auto cache_options = [&](const CommonOptions& o) {
+    KvCacheOptions kvo = kv_options(o, c.n_layers);
+    fit_kv_to_sparsity(sparsity, kvo);
+    if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
+    return kvo;
+  };
   Transformer transformer(*model, pool);
-  const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(sparsity, cache);
 
   // A random prompt: speed does not depend on which tokens they are.
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> pick(3, c.vocab_size - 1);
-  std::vector<int32_t> tokens(static_cast<size_t>(a.prompt_tokens));
-  tokens[0] = 1;
-  for (size_t i = 1; i < tokens.size(); ++i) tokens[i] = pick(rng);
+  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
+  prompt[0] = 1;
+  for (size_t i = 1; i < prompt.size(); ++i) prompt[i] = pick(rng);
 
-  BlockTable table;
-  std::vector<BatchEntry> batch(1);
-  batch[0].table = &table;
-  batch[0].policy = policy.get();
-  Logits logits;
-  if (a.fill_context > 0) fill_random_kv(cache, table, a.fill_context, c.n_layers, c.kv_dim());
-  Timer timer;
-  for (int32_t done = 0; done < a.prompt_tokens;) {
-    const int32_t n = std::min(a.batch, a.prompt_tokens - done);
-    if (!cache.reserve(table, n)) fail("out of KV blocks during prefill");
-    batch[0].tokens = std::span<const int32_t>(tokens.data() + done, size_t(n));
-    transformer.forward(batch, cache, logits);
-    done += n;
+  DecodeSubject subject(c, cache_options(a.common), sparsity, prompt);
+  // --compare-preset: a second cache decodes the same way in this process, its
+  // steps alternating with the first's (the order flipping every step), so
+  // that both meet the same moments of the host's memory traffic.
+  std::unique_ptr<DecodeSubject> baseline;
+  if (!a.compare_preset.empty()) {
+    CommonOptions o;
+    o.kv_preset = a.compare_preset;
+    baseline = std::make_unique<DecodeSubject>(c, cache_options(o), sparsity, prompt);
   }
+  subject.fill(a.fill_context, c);
+  Timer timer;
+  subject.prefill(transformer, a.prompt_tokens, a.batch);
   const double prefill_s = timer.seconds();
-
+  if (baseline) {
+    baseline->fill(a.fill_context, c);
+    baseline->prefill(transformer, a.prompt_tokens, a.batch);
+  }
   timer.reset();
   for (int32_t i = 0; i < a.gen_tokens; ++i) {
-    tokens.push_back(argmax(logits.row(0), logits.vocab));
-    if (!cache.reserve(table, 1)) fail("out of KV blocks during decode");
-    batch[0].tokens = std::span<const int32_t>(&tokens.back(), 1);
-    transformer.forward(batch, cache, logits);
+    if (baseline && i % 2 == 1) baseline->decode_step(transformer);
+    subject.decode_step(transformer);
+    if (baseline && i % 2 == 0) baseline->decode_step(transformer);
   }
-  const double decode_s = timer.seconds();
-  const KvStats kv = cache.stats();
+  const double decode_wall_s = timer.seconds();
+  double decode_s = 0;
+  for (double t : subject.step_seconds) decode_s += t;
+  if (!baseline) decode_s = decode_wall_s;
+  const KvStats kv = subject.cache->stats();
 
   // Bytes one decode step must read: every weight matrix except the embedding
   // table (one row of it), plus the KV of the context so far (mean over steps).
@@ -186,12 +241,13 @@ void run(const BenchArgs& a) {
   const double weight_bytes = double(w.bytes()) - (tied ? 0.0 : double(w.token_embedding.bytes()));
   const double mean_ctx = a.fill_context + a.prompt_tokens + (a.gen_tokens + 1) / 2.0;
   // What attention reads: the kept tokens (evicting policies) or the share a read-time policy chose.
-  const double kv_read = policy->evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, cache).budget)
-                                          : mean_ctx * policy->stats().read_fraction();
+  const SparsityPolicy& policy = *subject.policy;
+  const double kv_read = policy.evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, *subject.cache).budget)
+                                         : mean_ctx * policy.stats().read_fraction();
   const double kv_bytes = kv_read * double(kv.bytes_per_token);
   const double decode_tok_s = a.gen_tokens / decode_s;
   const double fraction = (weight_bytes + kv_bytes) * decode_tok_s / (bandwidth * 1e9);
-  cache.release(table);
+  subject.cache->release(subject.table);
 
   nlohmann::json j = kv_stats_json(kv);
   j["prefill_tok_s"] = a.prompt_tokens / prefill_s;
@@ -205,9 +261,22 @@ void run(const BenchArgs& a) {
   j["decode_context"] = mean_ctx;
   j["gen_tokens"] = a.gen_tokens;
   j["threads"] = pool.num_threads();
-  j["kv_dtype"] = kv_description(cache);
+  j["kv_dtype"] = kv_description(*subject.cache);
   j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
-  j.update(sparsity_json(resolve_sparsity_options(sparsity, cache), policy->stats()));
+  j.update(sparsity_json(resolve_sparsity_options(sparsity, *subject.cache), policy.stats()));
+  if (baseline) {
+    double baseline_s = 0;
+    for (double t : baseline->step_seconds) baseline_s += t;
+    j["decode_step_ms_median"] = 1e3 * subject.median_step();
+    j["compare_preset"] = a.compare_preset;
+    j["compare_kv_dtype"] = kv_description(*baseline->cache);
+    j["compare_kv_bytes_per_token"] = baseline->cache->stats().bytes_per_token;
+    j["compare_decode_tok_s"] = a.gen_tokens / baseline_s;
+    j["compare_decode_step_ms_median"] = 1e3 * baseline->median_step();
+    // How many times faster this configuration decodes than the comparison:
+    // the ratio of median step times (the mean's ratio is in the tok/s).
+    j["decode_speedup"] = baseline->median_step() / subject.median_step();
+  }
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -215,7 +284,13 @@ void run(const BenchArgs& a) {
   std::printf("prefill %.1f tok/s | decode %.2f tok/s | %.1f MB read per decode token | bandwidth %.1f GB/s, "
               "decode reaches %.0f%% | KV %lld bytes/token (%s)\n",
               a.prompt_tokens / prefill_s, decode_tok_s, (weight_bytes + kv_bytes) / 1e6, bandwidth,
-              fraction * 100, (long long)kv.bytes_per_token, kv_description(cache).c_str());
+              fraction * 100, (long long)kv.bytes_per_token, kv_description(*subject.cache).c_str());
+  if (baseline)
+    std::printf("against --compare-preset %s (%s), steps alternating: %.2f tok/s, median step %.2f ms vs %.2f ms: "
+                "%.2fx faster\n",
+                a.compare_preset.c_str(), j["compare_kv_dtype"].get<std::string>().c_str(),
+                j["compare_decode_tok_s"].get<double>(), j["compare_decode_step_ms_median"].get<double>(),
+                j["decode_step_ms_median"].get<double>(), j["decode_speedup"].get<double>());
 }
 
 }  // namespace
@@ -233,6 +308,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--fill-context", a->fill_context,
                   "speed only: positions of random K/V placed before the prompt instead of a long prefill")
       ->capture_default_str();
+  cmd->add_option("--compare-preset", a->compare_preset,
+                  "also decode with this KV preset in the same run, steps alternating, and report the speed ratio "
+                  "(decode_speedup)");
   WorkloadOptions& w = a->workload;
   cmd->add_option_function<std::string>("--workload", [a](const std::string& v) {
     a->workload.name = v;
@@ -258,6 +336,15 @@ void register_bench(CLI::App& app) {
   cmd->callback([a, cmd, attention] {
     // --dump-qk and --attention-only are the long-context attention benchmark
     // (cmd_bench_attention.cpp).
+    if (!a->compare_preset.empty() &&
+        (attention->attention_only || !attention->dump_qk.empty() || !a->load.server.empty() || a->workload_given))
+      fail("--compare-preset applies to the decode benchmark only (not with --attention-only, --dump-qk, --server "
+           "or --workload)");
+    if (!a->compare_preset.empty()) {
+      const std::vector<std::string> names = kv_preset_names();
+      if (std::find(names.begin(), names.end(), a->compare_preset) == names.end())
+        fail("unknown --compare-preset '{}' (expected {})", a->compare_preset, fmt::join(names, ", "));
+    }
     if (attention->attention_only || !attention->dump_qk.empty()) return run_attention_bench(*attention, a->common);
     if (!a->load.server.empty()) {
       if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;
