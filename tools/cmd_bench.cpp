@@ -276,6 +276,7 @@ void run(const BenchArgs& a) {
     // How many times faster this configuration decodes than the comparison:
     // the ratio of median step times (the mean's ratio is in the tok/s).
     j["decode_speedup"] = baseline->median_step() / subject.median_step();
+
   }
   if (a.common.json) {
     std::printf("%s\n", j.dump().c_str());

@@ -20,11 +20,26 @@ namespace {
 // DRAM round trip, and int4 attention at 16K measured 2.10 ms per layer one
 // block ahead, 1.65 ms four ahead (1 thread; fp16 unchanged).
 constexpr int32_t kPrefetchAhead = 4;
-void prefetch_head_slice(const KvBlockView& view, int kv_head) {
-  const size_t slice = view.codec->block_bytes() / size_t(view.codec->shape().n_kv_heads);
-  const uint8_t* p = view.data + size_t(kv_head) * slice;
-  for (size_t off = 0; off < slice; off += 64) __builtin_prefetch(p + off, 0, 2);
-}
+// The slice's size is looked up once per codec: a block's size is a virtual
+// call and a division (int4-small decode at 16K: ~1% faster per step,
+// steps alternating between the two versions in one run).
+class HeadSlicePrefetch {
+ public:
+  explicit HeadSlicePrefetch(int kv_head) : kv_head_(kv_head) {}
+  void operator()(const KvBlockView& view) {
+    if (view.codec != codec_) {  // one codec per layer for sealed blocks, another for staging
+      codec_ = view.codec;
+      slice_ = codec_->block_bytes() / size_t(codec_->shape().n_kv_heads);
+    }
+    const uint8_t* p = view.data + size_t(kv_head_) * slice_;
+    for (size_t off = 0; off < slice_; off += 64) __builtin_prefetch(p + off, 0, 2);
+  }
+
+ private:
+  int kv_head_;
+  const KvCodec* codec_ = nullptr;
+  size_t slice_ = 0;
+};
 
 }  // namespace
 
@@ -56,15 +71,15 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     return true;
   };
   int32_t span = 0;  // columns of the rows in use
+  HeadSlicePrefetch prefetch_k(kv_head), prefetch_v(kv_head);
   for (int32_t j = 0; j < std::min(kPrefetchAhead, n_read); ++j)
-    prefetch_head_slice(cache.k_view(layer, table, block_at(j), n_ctx), kv_head);
+    prefetch_k(cache.k_view(layer, table, block_at(j), n_ctx));
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     span = j * bs + n;
     const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
-    if (j + kPrefetchAhead < n_read)
-      prefetch_head_slice(cache.k_view(layer, table, block_at(j + kPrefetchAhead), n_ctx), kv_head);
+    if (j + kPrefetchAhead < n_read) prefetch_k(cache.k_view(layer, table, block_at(j + kPrefetchAhead), n_ctx));
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
@@ -115,13 +130,12 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   }
   std::fill(out, out + size_t(group) * head_dim, 0.0f);
   for (int32_t j = 0; j < std::min(kPrefetchAhead, n_read); ++j)
-    prefetch_head_slice(cache.v_view(layer, table, block_at(j), n_ctx), kv_head);
+    prefetch_v(cache.v_view(layer, table, block_at(j), n_ctx));
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
-    if (j + kPrefetchAhead < n_read)
-      prefetch_head_slice(cache.v_view(layer, table, block_at(j + kPrefetchAhead), n_ctx), kv_head);
+    if (j + kPrefetchAhead < n_read) prefetch_v(cache.v_view(layer, table, block_at(j + kPrefetchAhead), n_ctx));
     v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
   for (int i = 0; i < group; ++i)
