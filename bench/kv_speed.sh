@@ -20,11 +20,13 @@ baseline=${presets[0]}
 echo "| context | KV | KV bytes/token | decode tok/s (median step) | vs $baseline (same run) | $baseline tok/s (same run) | bytes read/token (MB) | bandwidth fraction |"
 echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for ctx in ${CONTEXTS:-512 4096 16384}; do
+  fill=$((ctx - 16 - gen))
+  [ "$fill" -ge 0 ] || { echo "context $ctx is shorter than 16 prompt + $gen decoded tokens" >&2; exit 1; }
   for preset in "${presets[@]}"; do
     compare=()
     [ "$preset" != "$baseline" ] && compare=(--compare-preset "$baseline")
     "$kvserve" bench --model "$model" --threads "$threads" --kv-preset "$preset" "${compare[@]}" \
-      --fill-context $((ctx - 16 - gen)) --prompt-tokens 16 --gen-tokens "$gen" --json 2>/dev/null |
+      --fill-context "$fill" --prompt-tokens 16 --gen-tokens "$gen" --json |
       python3 -c 'import json,sys
 j=json.load(sys.stdin); ctx, preset = sys.argv[1], sys.argv[2]
 rate = 1e3 / j["decode_step_ms_median"]

@@ -60,16 +60,18 @@ add_test(NAME cli.perplexity_json COMMAND ${CMAKE_COMMAND}
   "-DFIELDS=ppl;tokens;chunks;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 add_test(NAME cli.bench_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--prompt-tokens;64;--gen-tokens;16;--bandwidth-mib;64;--json"
-  "-DFIELDS=prefill_tok_s;decode_tok_s;kv_bytes_per_token;mem_bandwidth_gbs;bandwidth_fraction" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+  "-DFIELDS=prefill_tok_s;decode_tok_s;decode_step_ms_median;kv_bytes_per_token;mem_bandwidth_gbs;bandwidth_fraction" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 # --compare-preset: a second preset decoded in the same run, steps alternating.
 add_test(NAME cli.bench_compare_preset_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int4-small;--compare-preset;fp16;--prompt-tokens;64;--gen-tokens;8;--bandwidth-mib;64;--json"
-  "-DFIELDS=decode_tok_s;decode_speedup;decode_step_ms_median;compare_decode_tok_s;compare_decode_step_ms_median;compare_kv_dtype;compare_kv_bytes_per_token"
+  "-DFIELDS=decode_tok_s;decode_speedup;decode_step_ms_median;compare_preset;compare_decode_tok_s;compare_decode_step_ms_median;compare_kv_dtype;compare_kv_bytes_per_token"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
   bench --model ${MODELS}/stories260K.gguf --compare-preset nope --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_workload "decode benchmark only"
   bench --model ${MODELS}/stories260K.gguf --compare-preset fp16 --workload shared-prefix)
+kvserve_error_test(cli.bench_error_compare_preset_attention "decode benchmark only"
+  bench --attention-only --compare-preset fp16)
 add_test(NAME cli.inspect_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;inspect;--model;${MODELS}/stories260K.bin;--tokenizer;${MODELS}/tok512.bin;--json"
   "-DFIELDS=dim;n_layers;n_kv_heads;head_dim;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
