@@ -25,20 +25,37 @@ constexpr int32_t kPrefetchAhead = 4;
 // steps alternating between the two versions in one run).
 class HeadSlicePrefetch {
  public:
+  enum class Part { Whole, FirstHalf, SecondHalf };
   explicit HeadSlicePrefetch(int kv_head) : kv_head_(kv_head) {}
-  void operator()(const KvBlockView& view) {
+  void operator()(const KvBlockView& view, Part part = Part::Whole) {
     if (view.codec != codec_) {  // one codec per layer for sealed blocks, another for staging
       codec_ = view.codec;
       slice_ = codec_->block_bytes() / size_t(codec_->shape().n_kv_heads);
+      half_ = (slice_ / 2 + 63) / 64 * 64;
     }
     const uint8_t* p = view.data + size_t(kv_head_) * slice_;
-    for (size_t off = 0; off < slice_; off += 64) __builtin_prefetch(p + off, 0, 2);
+    const size_t begin = part == Part::SecondHalf ? half_ : 0, end = part == Part::FirstHalf ? half_ : slice_;
+    for (size_t off = begin; off < end; off += 64) __builtin_prefetch(p + off, 0, 2);
+  }
+  // Before block j of n (view_at(i): block i's view): blocks 0 .. ahead - 1
+  // whole at j = 0, then the first half of block j + ahead and the second
+  // half of block j + ahead - 1. A whole slice's hints at once (32 lines for
+  // an fp16 block of 16 tokens) overran what the core keeps in flight, and
+  // the hints past that were lost: FP16 decode at 16K ran 12% faster with
+  // halves (0.87-0.92x step time, steps alternating between the two in one
+  // run); int4-small's 19-line slices did not change (0.99-1.03x).
+  template <class ViewAt>
+  void before(int32_t j, int32_t n, int32_t ahead, ViewAt&& view_at) {
+    if (j == 0)
+      for (int32_t i = 0; i < std::min(ahead, n); ++i) (*this)(view_at(i));
+    if (j + ahead < n) (*this)(view_at(j + ahead), Part::FirstHalf);
+    if (j >= 1 && j + ahead - 1 < n) (*this)(view_at(j + ahead - 1), Part::SecondHalf);
   }
 
  private:
   int kv_head_;
   const KvCodec* codec_ = nullptr;
-  size_t slice_ = 0;
+  size_t slice_ = 0, half_ = 0;
 };
 
 }  // namespace
@@ -72,14 +89,14 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   };
   int32_t span = 0;  // columns of the rows in use
   HeadSlicePrefetch prefetch_k(kv_head), prefetch_v(kv_head);
-  for (int32_t j = 0; j < std::min(kPrefetchAhead, n_read); ++j)
-    prefetch_k(cache.k_view(layer, table, block_at(j), n_ctx));
+  auto k_at = [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); };
+  auto v_at = [&](int32_t i) { return cache.v_view(layer, table, block_at(i), n_ctx); };
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     span = j * bs + n;
     const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
-    if (j + kPrefetchAhead < n_read) prefetch_k(cache.k_view(layer, table, block_at(j + kPrefetchAhead), n_ctx));
+    prefetch_k.before(j, n_read, kPrefetchAhead, k_at);
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
@@ -129,13 +146,11 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     }
   }
   std::fill(out, out + size_t(group) * head_dim, 0.0f);
-  for (int32_t j = 0; j < std::min(kPrefetchAhead, n_read); ++j)
-    prefetch_v(cache.v_view(layer, table, block_at(j), n_ctx));
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
-    if (j + kPrefetchAhead < n_read) prefetch_v(cache.v_view(layer, table, block_at(j + kPrefetchAhead), n_ctx));
+    prefetch_v.before(j, n_read, kPrefetchAhead, v_at);
     v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
   for (int i = 0; i < group; ++i)
