@@ -40,10 +40,10 @@ class HeadSlicePrefetch {
   // Before block j of n (view_at(i): block i's view): blocks 0 .. ahead - 1
   // whole at j = 0, then the first half of block j + ahead and the second
   // half of block j + ahead - 1. A whole slice's hints at once (32 lines for
-  // an fp16 block of 16 tokens) overran what the core keeps in flight, and
-  // the hints past that were lost: FP16 decode at 16K ran 12% faster with
-  // halves (0.87-0.92x step time, steps alternating between the two in one
-  // run); int4-small's 19-line slices did not change (0.99-1.03x).
+  // an fp16 block of 16 tokens) overran what the core keeps in flight: FP16
+  // decode at 16K took 0.86-0.97x the step time with halves (median 0.88x,
+  // ten rounds, steps alternating between the two in one run); int4-small's
+  // 19-line slices did not change beyond the comparison's +-1.5%.
   template <class ViewAt>
   void before(int32_t j, int32_t n, int32_t ahead, ViewAt&& view_at) {
     if (j == 0)
