@@ -170,6 +170,11 @@ struct DecodeSubject {
     forward(transformer, std::span<const int32_t>(&tokens.back(), 1), "decode");
     step_seconds.push_back(step.seconds());
   }
+  double total_steps() const {
+    double s = 0;
+    for (double t : step_seconds) s += t;
+    return s;
+  }
   double median_step() const {  // the upper middle of an even count
     std::vector<double> s = step_seconds;
     std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
@@ -231,10 +236,8 @@ void run(const BenchArgs& a) {
     if (baseline && i % 2 == 0) baseline->decode_step(transformer);
   }
   // With a comparison the loop also runs the other cache's steps: this one's
-  // time is then the sum of its steps (argmax, outside them, is ~0.1 ms).
-  double steps_s = 0;
-  for (double t : subject.step_seconds) steps_s += t;
-  const double decode_s = baseline ? steps_s : timer.seconds();
+  // time is then the sum of its steps (the argmax between them left out).
+  const double decode_s = baseline ? subject.total_steps() : timer.seconds();
   const KvStats kv = subject.cache->stats();
 
   // Bytes one decode step must read: every weight matrix except the embedding
@@ -269,12 +272,10 @@ void run(const BenchArgs& a) {
   j.update(sparsity_json(resolve_sparsity_options(sparsity, *subject.cache), policy.stats()));
   j["decode_step_ms_median"] = 1e3 * subject.median_step();  // steadier than the mean on a shared host
   if (baseline) {
-    double baseline_s = 0;
-    for (double t : baseline->step_seconds) baseline_s += t;
     j["compare_preset"] = a.compare_preset;
     j["compare_kv_dtype"] = kv_description(*baseline->cache);
     j["compare_kv_bytes_per_token"] = baseline->cache->stats().bytes_per_token;
-    j["compare_decode_tok_s"] = a.gen_tokens / baseline_s;
+    j["compare_decode_tok_s"] = a.gen_tokens / baseline->total_steps();
     j["compare_decode_step_ms_median"] = 1e3 * baseline->median_step();
     // How many times faster this configuration decodes than the comparison:
     // the ratio of median step times (the mean's ratio is in the tok/s).
@@ -340,11 +341,10 @@ void register_bench(CLI::App& app) {
   cmd->callback([a, cmd, attention] {
     // --dump-qk and --attention-only are the long-context attention benchmark
     // (cmd_bench_attention.cpp).
-    if (!a->compare_preset.empty() &&
-        (attention->attention_only || !attention->dump_qk.empty() || !a->load.server.empty() || a->workload_given))
-      fail("--compare-preset applies to the decode benchmark only (not with --attention-only, --dump-qk, --server "
-           "or --workload)");
     if (!a->compare_preset.empty()) {
+      if (attention->attention_only || !attention->dump_qk.empty() || !a->load.server.empty() || a->workload_given)
+        fail("--compare-preset applies to the decode benchmark only (not with --attention-only, --dump-qk, --server "
+             "or --workload)");
       const std::vector<std::string> names = kv_preset_names();
       if (std::find(names.begin(), names.end(), a->compare_preset) == names.end())
         fail("unknown --compare-preset '{}' (expected {})", a->compare_preset, fmt::join(names, ", "));

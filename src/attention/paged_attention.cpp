@@ -20,14 +20,32 @@ namespace {
 // DRAM round trip, and int4 attention at 16K measured 2.10 ms per layer one
 // block ahead, 1.65 ms four ahead (1 thread; fp16 unchanged).
 constexpr int32_t kPrefetchAhead = 4;
-// The slice's size is looked up once per codec: a block's size is a virtual
-// call and a division (int4-small decode at 16K: ~1% faster per step,
-// steps alternating between the two versions in one run).
+// Hints the head slices of the blocks a pass over n blocks reads
+// (view_at(i): block i's view), kPrefetchAhead blocks ahead: before block j,
+// blocks 0 .. kPrefetchAhead - 1 whole when j = 0, then the first half of
+// block j + kPrefetchAhead and the second half of the block before it. A
+// whole slice's hints at once (32 lines for an fp16 block of 16 tokens)
+// overran what the core keeps in flight: FP16 decode at 16K took 0.86-0.97x
+// the step time with halves (median 0.88x, ten rounds, steps alternating
+// between the two in one run); int4-small's 19-line slices did not change
+// beyond the comparison's +-1.5%. The slice's size is looked up once per
+// codec, not per block (a virtual call and a division; ~1% of int4-small's
+// decode step at 16K).
+template <class ViewAt>
 class HeadSlicePrefetch {
  public:
+  HeadSlicePrefetch(int kv_head, int32_t n, ViewAt view_at) : kv_head_(kv_head), n_(n), view_at_(view_at) {}
+  void before(int32_t j) {
+    if (j == 0)
+      for (int32_t i = 0; i < std::min(kPrefetchAhead, n_); ++i) hint(i, Part::Whole);
+    if (j + kPrefetchAhead < n_) hint(j + kPrefetchAhead, Part::FirstHalf);
+    if (j >= 1 && j + kPrefetchAhead - 1 < n_) hint(j + kPrefetchAhead - 1, Part::SecondHalf);
+  }
+
+ private:
   enum class Part { Whole, FirstHalf, SecondHalf };
-  explicit HeadSlicePrefetch(int kv_head) : kv_head_(kv_head) {}
-  void operator()(const KvBlockView& view, Part part = Part::Whole) {
+  void hint(int32_t i, Part part) {
+    const KvBlockView view = view_at_(i);
     if (view.codec != codec_) {  // one codec per layer for sealed blocks, another for staging
       codec_ = view.codec;
       slice_ = codec_->block_bytes() / size_t(codec_->shape().n_kv_heads);
@@ -37,23 +55,10 @@ class HeadSlicePrefetch {
     const size_t begin = part == Part::SecondHalf ? half_ : 0, end = part == Part::FirstHalf ? half_ : slice_;
     for (size_t off = begin; off < end; off += 64) __builtin_prefetch(p + off, 0, 2);
   }
-  // Before block j of n (view_at(i): block i's view): blocks 0 .. ahead - 1
-  // whole at j = 0, then the first half of block j + ahead and the second
-  // half of block j + ahead - 1. A whole slice's hints at once (32 lines for
-  // an fp16 block of 16 tokens) overran what the core keeps in flight: FP16
-  // decode at 16K took 0.86-0.97x the step time with halves (median 0.88x,
-  // ten rounds, steps alternating between the two in one run); int4-small's
-  // 19-line slices did not change beyond the comparison's +-1.5%.
-  template <class ViewAt>
-  void before(int32_t j, int32_t n, int32_t ahead, ViewAt&& view_at) {
-    if (j == 0)
-      for (int32_t i = 0; i < std::min(ahead, n); ++i) (*this)(view_at(i));
-    if (j + ahead < n) (*this)(view_at(j + ahead), Part::FirstHalf);
-    if (j >= 1 && j + ahead - 1 < n) (*this)(view_at(j + ahead - 1), Part::SecondHalf);
-  }
 
- private:
   int kv_head_;
+  int32_t n_;
+  ViewAt view_at_;
   const KvCodec* codec_ = nullptr;
   size_t slice_ = 0, half_ = 0;
 };
@@ -88,15 +93,14 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     return true;
   };
   int32_t span = 0;  // columns of the rows in use
-  HeadSlicePrefetch prefetch_k(kv_head), prefetch_v(kv_head);
-  auto k_at = [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); };
-  auto v_at = [&](int32_t i) { return cache.v_view(layer, table, block_at(i), n_ctx); };
+  HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); });
+  HeadSlicePrefetch prefetch_v(kv_head, n_read, [&](int32_t i) { return cache.v_view(layer, table, block_at(i), n_ctx); });
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     span = j * bs + n;
     const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
-    prefetch_k.before(j, n_read, kPrefetchAhead, k_at);
+    prefetch_k.before(j);
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
@@ -150,7 +154,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
-    prefetch_v.before(j, n_read, kPrefetchAhead, v_at);
+    prefetch_v.before(j);
     v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
   for (int i = 0; i < group; ++i)
