@@ -246,11 +246,16 @@ void run(const BenchArgs& a) {
   const bool tied = w.classifier.data == w.token_embedding.data;
   const double weight_bytes = double(w.bytes()) - (tied ? 0.0 : double(w.token_embedding.bytes()));
   const double mean_ctx = a.fill_context + a.prompt_tokens + (a.gen_tokens + 1) / 2.0;
-  // What attention reads: the kept tokens (evicting policies) or the share a read-time policy chose.
+  // What attention reads: the kept tokens (evicting policies) or the share a
+  // read-time policy chose, times the cache's bytes per token.
+  auto kv_bytes_read = [&](const DecodeSubject& s) {
+    const SparsityPolicy& policy = *s.policy;
+    const double tokens = policy.evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, *s.cache).budget)
+                                          : mean_ctx * policy.stats().read_fraction();
+    return tokens * double(s.cache->stats().bytes_per_token);
+  };
   const SparsityPolicy& policy = *subject.policy;
-  const double kv_read = policy.evicts() ? std::min<double>(mean_ctx, resolve_sparsity_options(sparsity, *subject.cache).budget)
-                                         : mean_ctx * policy.stats().read_fraction();
-  const double kv_bytes = kv_read * double(kv.bytes_per_token);
+  const double kv_bytes = kv_bytes_read(subject);
   const double decode_tok_s = a.gen_tokens / decode_s;
   const double fraction = (weight_bytes + kv_bytes) * decode_tok_s / (bandwidth * 1e9);
   subject.cache->release(subject.table);
@@ -280,6 +285,12 @@ void run(const BenchArgs& a) {
     // How many times faster this configuration decodes than the comparison:
     // the ratio of median step times (the mean's ratio is in the tok/s).
     j["decode_speedup"] = baseline->median_step() / subject.median_step();
+    // The speedup if both steps read their bytes (weights and KV) at the same
+    // bandwidth: what a smaller KV cache can give a memory-bound decode. A
+    // decode_speedup above it means the comparison reads its bytes slower.
+    const double compare_bytes = weight_bytes + kv_bytes_read(*baseline);
+    j["compare_decode_bytes_per_token"] = compare_bytes;
+    j["bytes_bound_speedup"] = compare_bytes / (weight_bytes + kv_bytes);
     baseline->cache->release(baseline->table);
   }
   if (a.common.json) {
@@ -292,10 +303,11 @@ void run(const BenchArgs& a) {
               fraction * 100, (long long)kv.bytes_per_token, kv_description(*subject.cache).c_str());
   if (baseline)
     std::printf("steps alternating with --compare-preset %s (%s, %.2f tok/s): median step %.2f ms there, %.2f ms "
-                "here: %.2fx faster\n",
+                "here: %.2fx faster (%.2fx if both steps read their bytes at the same bandwidth)\n",
                 a.compare_preset.c_str(), j["compare_kv_dtype"].get<std::string>().c_str(),
                 j["compare_decode_tok_s"].get<double>(), j["compare_decode_step_ms_median"].get<double>(),
-                j["decode_step_ms_median"].get<double>(), j["decode_speedup"].get<double>());
+                j["decode_step_ms_median"].get<double>(), j["decode_speedup"].get<double>(),
+                j["bytes_bound_speedup"].get<double>());
 }
 
 }  // namespace

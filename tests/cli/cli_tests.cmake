@@ -64,7 +64,8 @@ add_test(NAME cli.bench_json COMMAND ${CMAKE_COMMAND}
 # --compare-preset: a second preset decoded in the same run, steps alternating.
 add_test(NAME cli.bench_compare_preset_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int4-small;--compare-preset;fp16;--prompt-tokens;64;--gen-tokens;8;--bandwidth-mib;64;--json"
-  "-DFIELDS=decode_tok_s;decode_speedup;decode_step_ms_median;compare_preset;compare_decode_tok_s;compare_decode_step_ms_median;compare_kv_dtype;compare_kv_bytes_per_token"
+  "-DFIELDS=decode_tok_s;decode_speedup;decode_step_ms_median;compare_preset;compare_decode_tok_s;compare_decode_step_ms_median;compare_kv_dtype;compare_kv_bytes_per_token;compare_decode_bytes_per_token;bytes_bound_speedup"
+  "-DABOVE=bytes_bound_speedup=1"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
   bench --model ${MODELS}/stories260K.gguf --compare-preset nope --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)

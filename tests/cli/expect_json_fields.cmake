@@ -1,5 +1,6 @@
 # Runs a command and checks it prints one JSON object on stdout that has
 # every field in FIELDS. -DCOMMAND="a;b;c" -DFIELDS="f1;f2"
+# Optional -DABOVE="f1=x;f2=y": each such field must be a number above x.
 execute_process(COMMAND ${COMMAND} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "command failed (${rc}): ${err}")
@@ -8,5 +9,14 @@ foreach(field ${FIELDS})
   string(JSON value ERROR_VARIABLE json_error GET "${out}" ${field})
   if(json_error)
     message(FATAL_ERROR "field '${field}' missing: ${json_error}\n${out}")
+  endif()
+endforeach()
+foreach(bound ${ABOVE})
+  string(REPLACE "=" ";" pair "${bound}")
+  list(GET pair 0 field)
+  list(GET pair 1 limit)
+  string(JSON value GET "${out}" ${field})
+  if(NOT value GREATER limit)
+    message(FATAL_ERROR "field '${field}' is ${value}, expected above ${limit}\n${out}")
   endif()
 endforeach()
