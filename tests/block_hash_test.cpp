@@ -97,7 +97,7 @@ TEST(BlockHash, IdentityCoversModelCodecsBlockSizeAndResidual) {
   const std::string fp16 = kv_cache_identity(KvCache(c, o), "m");
   EXPECT_NE(fp16, kv_cache_identity(KvCache(c, o), "other-model"));
   EXPECT_NE(fp16.find("layer 1 v=fp16"), std::string::npos);
-  apply_kv_preset(o, "int4");
+  apply_kv_preset(o, "int4", /*keep_block_size=*/true);
   const std::string int4 = kv_cache_identity(KvCache(c, o), "m");
   EXPECT_NE(int4, fp16);
   EXPECT_NE(int4.find("layer 0 k=int4/channel"), std::string::npos);

@@ -359,7 +359,7 @@ TEST(KvCacheBlockExport, ImportedSealedBlocksGiveIdenticalAttention) {
     KvCacheOptions o;
     o.block_size = 16;
     o.num_blocks = 12;
-    apply_kv_preset(o, preset);
+    apply_kv_preset(o, preset, /*keep_block_size=*/true);
     KvCache a(c, o), b(c, o);
     EXPECT_EQ(a.block_record_bytes(), size_t(a.stats().bytes_per_block));
     EXPECT_EQ(a.block_codec_hash(), b.block_codec_hash());
@@ -396,7 +396,7 @@ TEST(KvCacheBlockExport, CodecHashSeparatesLayoutsAndImportChecksTheSize) {
     KvCacheOptions o;
     o.block_size = block_size;
     o.num_blocks = 4;
-    apply_kv_preset(o, preset);
+    apply_kv_preset(o, preset, /*keep_block_size=*/true);
     return std::make_unique<KvCache>(c, o);
   };
   const auto int4 = cache_with("int4", 16), int8 = cache_with("int8", 16), int4_bs8 = cache_with("int4", 8);

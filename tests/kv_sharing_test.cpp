@@ -138,7 +138,7 @@ KvCacheOptions int4_options(int32_t num_blocks) {
   KvCacheOptions o;
   o.block_size = 4;
   o.num_blocks = num_blocks;
-  apply_kv_preset(o, "int4");
+  apply_kv_preset(o, "int4", /*keep_block_size=*/true);
   return o;
 }
 

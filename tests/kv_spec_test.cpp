@@ -65,6 +65,33 @@ TEST(KvPreset, EveryPresetBuildsACache) {
   EXPECT_THROW(apply_kv_preset(o, "int3"), Error);
 }
 
+// The integer presets bring 32-token blocks (fewer metadata bytes and fixed
+// costs per token; INT4's keys take the 8-bit query kernel) and a residual
+// window of whole blocks; a block size the user chose is kept, with the
+// window still counted in blocks. Float presets leave the block size alone.
+TEST(KvPreset, IntegerPresetsPick32TokenBlocksUnlessTheUserChose) {
+  const std::pair<std::string, int> residuals[] = {
+      {"int8", 32}, {"int4", 64}, {"int4-small", 64}, {"int2", 64}, {"int2-small", 64}};
+  for (const auto& [name, residual] : residuals) {
+    KvCacheOptions o;
+    o.block_size = 16;
+    apply_kv_preset(o, name);
+    EXPECT_EQ(o.block_size, 32) << name;
+    EXPECT_EQ(o.residual, residual) << name;
+  }
+  KvCacheOptions kept;
+  kept.block_size = 8;
+  apply_kv_preset(kept, "int4", /*keep_block_size=*/true);
+  EXPECT_EQ(kept.block_size, 8);
+  EXPECT_EQ(kept.residual, 16);
+  for (const std::string name : {"fp32", "fp16"}) {
+    KvCacheOptions o;
+    o.block_size = 16;
+    apply_kv_preset(o, name);
+    EXPECT_EQ(o.block_size, 16) << name;
+  }
+}
+
 TEST(KvCalibrationFile, RoundTripsAndApplies) {
   KvCalibration c;
   c.model = "m";

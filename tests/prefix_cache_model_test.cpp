@@ -50,7 +50,7 @@ class PrefixCacheModel : public ::testing::TestWithParam<const char*> {
     tf = std::make_unique<Transformer>(*model, threads);
     options.block_size = 16;
     options.num_blocks = 64;
-    apply_kv_preset(options, GetParam());
+    apply_kv_preset(options, GetParam(), /*keep_block_size=*/true);
     cache = std::make_unique<KvCache>(model->config(), options);
     PrefixCacheOptions po;
     po.model_id = "stories260K";

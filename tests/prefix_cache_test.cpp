@@ -57,7 +57,7 @@ class PrefixCacheTest : public ::testing::Test {
     KvCacheOptions ko;
     ko.block_size = 4;
     ko.num_blocks = num_blocks;
-    apply_kv_preset(ko, preset);
+    apply_kv_preset(ko, preset, /*keep_block_size=*/true);
     cache = std::make_unique<KvCache>(small_shape(), ko);
     o.model_id = "test-model";
     pc = std::make_unique<PrefixCache>(*cache, o, clock);

@@ -338,7 +338,7 @@ std::unique_ptr<KvCache> int4_cache(const ModelConfig& c, const std::string& pre
   KvCacheOptions o;
   o.block_size = 16;
   o.num_blocks = 8;
-  apply_kv_preset(o, preset);
+  apply_kv_preset(o, preset, /*keep_block_size=*/true);
   return std::make_unique<KvCache>(c, o);
 }
 

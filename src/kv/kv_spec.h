@@ -31,7 +31,7 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
 // BENCHMARKS.md): fp32, fp16, int8, int4, int4-small, int2, int2-small, from
 // the largest cache to the smallest.
 std::vector<std::string> kv_preset_names();
-// Sets options' K/V codecs and residual window. The -small presets also set
+// Sets options' K/V codecs and residual window. The integer presets also set
 // 32-token blocks unless keep_block_size (a block size the user chose).
 // Throws kvserve::Error for an unknown name.
 void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep_block_size = false);
