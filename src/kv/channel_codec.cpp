@@ -11,8 +11,8 @@ namespace int_codec {
 // (score_tiles_bytes): 4-bit dynamic post-RoPE channel groups, on AVX-512
 // VNNI + VBMI builds, and only where a fold serves 32 tokens or more: with
 // 16-token groups the 8-bit fold's extra rounding work outweighs the halved
-// dot products (the int4 preset's 16K layer on one thread: 1.79 vs
-// 1.60-1.69 ms; BENCHMARKS.md).
+// dot products (a 16K layer of int4 in 16-token blocks on one thread: 1.79
+// vs 1.60-1.69 ms; BENCHMARKS.md).
 static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   const int group = c.group_size > 0 ? c.group_size : s.block_size;

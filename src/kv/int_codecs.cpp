@@ -20,8 +20,8 @@ std::atomic<bool> g_byte_value_weights{true};
 // vector float path cannot walk either (not a multiple of 32 channels:
 // stories260K's 8) a scalar loop with the same numbers. The rest keep the
 // float path, faster than that loop.
-// With 16-token blocks (the int4 preset) the 8-bit fold's extra work ate the
-// gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
+// With 16-token blocks (int4's former preset layout) the 8-bit fold's extra
+// work ate the gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
