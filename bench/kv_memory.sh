@@ -2,11 +2,15 @@
 # Exact KV bytes per token (scales, zero points and layout included) per
 # configuration, as the cache accounts them, and the ratio to FP16.
 # usage: bench/kv_memory.sh MODEL [BLOCK_SIZE]   (from the project root, after scripts/build.sh)
+#   BLOCK_SIZE (default 16) applies to the explicit configurations; the
+#   preset rows are the presets as shipped, with their own block size.
 set -euo pipefail
 kvserve=${KVSERVE:-build/kvserve}
 model=${1:?model}; bs=${2:-16}
-bytes_of() {  # flags... -> kv_bytes_per_token
-  "$kvserve" inspect --model "$model" --block-size "$bs" --json "$@" |
+bytes_of() {  # flags... -> kv_bytes_per_token; presets use their own block size (32 for the integer ones)
+  local block=(--block-size "$bs")
+  [[ " $* " == *" --kv-preset "* ]] && block=()
+  "$kvserve" inspect --model "$model" "${block[@]}" --json "$@" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["kv_bytes_per_token"])'
 }
 head_dim=$("$kvserve" inspect --model "$model" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["head_dim"])')
@@ -30,6 +34,8 @@ configs=(
   "preset int8|--kv-preset int8"
   "preset int4|--kv-preset int4"
   "preset int2|--kv-preset int2"
+  "preset int4-small|--kv-preset int4-small"
+  "preset int2-small|--kv-preset int2-small"
 )
 fp16=$(bytes_of --kv-dtype fp16)
 echo "| configuration | KV bytes/token | vs FP16 |"
