@@ -413,8 +413,9 @@ TEST_F(EnginePrefixTest, SharedPromptIsComputedOnceAndOutputsAreUnchanged) {
     EXPECT_EQ(cold.stats.cached_prompt_tokens, 0);
     EXPECT_GT(warm.stats.cached_prompt_tokens, 0);
     EXPECT_LT(warm.stats.prefill_tokens_computed, cold.stats.prefill_tokens_computed);
-    // The system prompt spans 2 full blocks of 16 tokens at least; from the third
-    // request on (the int4 preset's FP16 window needs one recompute first) each hits them.
+    // The system prompt spans 32 tokens of full blocks at least (2 blocks of 16
+    // for fp32, one of 32 for the int4 preset); from the third request on (the
+    // int4 preset's FP16 window needs one recompute first) each hits them.
     EXPECT_GE(warm.out.at(warm.ids[5]).usage.cached_tokens, 32);
     EXPECT_EQ(warm.stats.cached_prompt_tokens, warm.stats.prefix.counters.hit_tokens);
   }
