@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/head_slice_prefetch.h"
 #include "kernels/vector_ops.h"
 #include "kv/int_codecs.h"
 #include "kv/kv_codec.h"
@@ -127,35 +128,23 @@ const LayerSet& layer_set(int pair, int n_ctx) {
   return *current;
 }
 
-// Hints KV head kv_head's slice of a block (head-major layouts keep it in
-// bytes [kv_head, kv_head + 1) * bytes / kKvHeads) into L2, as attend_kv_head does.
-// part: -1 the whole slice, 0 its first half, 1 its second half.
-void prefetch_head(const uint8_t* block, size_t bytes, int kv_head, int part = -1) {
-  const size_t slice = bytes / kKvHeads, half = (slice / 2 + 63) / 64 * 64;
-  const uint8_t* p = block + size_t(kv_head) * slice;
-  for (size_t off = part == 1 ? half : 0; off < (part == 0 ? half : slice); off += 64) __builtin_prefetch(p + off, 0, 2);
-}
-// Before block b, as attend_kv_head: the first half of block b + kAhead and
-// the second half of block b + kAhead - 1 (blocks 0 .. kAhead - 1 whole first).
-constexpr int kAhead = 4;
-void prefetch_ahead(const uint8_t* arena, size_t block_step, size_t bytes, int n_blocks, int b, int kv_head) {
-  if (b == 0)
-    for (int i = 0; i < std::min(kAhead, n_blocks); ++i) prefetch_head(arena + size_t(i) * block_step, bytes, kv_head);
-  if (b + kAhead < n_blocks) prefetch_head(arena + size_t(b + kAhead) * block_step, bytes, kv_head, 0);
-  if (b >= 1 && b + kAhead - 1 < n_blocks) prefetch_head(arena + size_t(b + kAhead - 1) * block_step, bytes, kv_head, 1);
-}
-
-// One KV head of one layer, as attend_kv_head does it, hinting kAhead blocks
-// ahead. scores: (kGroup, stride).
+// One KV head of one layer, as attend_kv_head does it, with its prefetch
+// hints (attention/head_slice_prefetch.h). scores: (kGroup, stride).
 void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const float* q, float* scores,
                  float* out, const KvCodec* v_codec = nullptr) {
   const KvCodec& v = v_codec != nullptr ? *v_codec : *set.v;
   const int stride = set.n_blocks * set.block;
   const size_t block_step = set.k_bytes + set.v_bytes;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  HeadSlicePrefetch prefetch_k(kv_head, set.n_blocks, [&](int32_t i) {
+    return KvBlockView{set.k.get(), arena + size_t(i) * block_step};
+  });
+  HeadSlicePrefetch prefetch_v(kv_head, set.n_blocks, [&](int32_t i) {
+    return KvBlockView{&v, arena + size_t(i) * block_step + set.k_bytes};
+  });
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(set.block, set.n_ctx - b * set.block);
-    prefetch_ahead(arena, block_step, set.k_bytes, set.n_blocks, b, kv_head);
+    prefetch_k.before(b);
     set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * set.block, stride);
   }
   float inv_sum[kGroup];  // unnormalized weights, as attend_kv_head
@@ -163,7 +152,7 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
   std::fill(out, out + kGroup * kHeadDim, 0.0f);
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(set.block, set.n_ctx - b * set.block);
-    prefetch_ahead(arena + set.k_bytes, block_step, set.v_bytes, set.n_blocks, b, kv_head);
+    prefetch_v.before(b);
     v.accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head, out);
   }
   for (int i = 0; i < kGroup; ++i)

@@ -63,16 +63,6 @@ std::vector<std::string> kv_preset_names() {
 void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep_block_size) {
   options.layers.clear();
   const bool small = name == "int4-small" || name == "int2-small";
-  // 32-token blocks are part of the integer presets (library callers too):
-  // key channel groups and per-block calls then serve 32 tokens, half the
-  // metadata and fixed costs per token of 16, and INT4's keys take the 8-bit
-  // query kernel. Against 16-token blocks, decode at 16K: int8 0.97-1.00x ->
-  // 1.09-1.14x FP16, int4 1.16-1.28x -> 1.37-1.56x, int2 0.79x -> 0.95-1.06x;
-  // bytes 5-15% fewer; ΔPPL within 0.16 points of a percent (BENCHMARKS.md,
-  // "Integer presets in 32-token blocks").
-  const bool quantized = name != "fp32" && name != "fp16";
-  if (quantized && !keep_block_size) options.block_size = 32;
-  const int bs = options.block_size;
   if (name == "fp32" || name == "fp16") {
     options.set_dtype(parse_kv_dtype(name));
     options.residual = 0;
@@ -82,9 +72,18 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep
     // per head, recent tokens in FP16. Only INT2 needs keys stored before
     // RoPE (KVQuant) to stay usable; at 8 and 4 bits it gains little and
     // slows long-context decode (a query rotation per key). The -small
-    // presets store each group's scale and min in 8 bits (kv/scale8.h) and
-    // spread the key groups over 32-token blocks: the smallest layouts that
-    // met the quality targets (BENCHMARKS.md, "8-bit scales").
+    // presets store each group's scale and min in 8 bits (kv/scale8.h): the
+    // smallest layouts that met the quality targets (BENCHMARKS.md, "8-bit
+    // scales").
+    // 32-token blocks are part of these presets (library callers too): key
+    // channel groups and per-block calls then serve 32 tokens, half the
+    // metadata and fixed costs per token of 16, and INT4's keys take the
+    // 8-bit query kernel. Against 16-token blocks, decode at 16K: int8
+    // 0.97-1.00x -> 1.09-1.14x FP16, int4 1.16-1.28x -> 1.37-1.56x, int2 0.79x
+    // -> 0.95-1.06x; bytes 5-15% fewer; ΔPPL within 0.16 points of a percent
+    // (BENCHMARKS.md, "Integer presets in 32-token blocks").
+    if (!keep_block_size) options.block_size = 32;
+    const int bs = options.block_size;
     const KvDType t = parse_kv_dtype(name.substr(0, 4));
     options.k = {t, KvGrouping::Channel, 0, {}, {}};
     options.k.pre_rope = t == KvDType::INT2;
