@@ -27,6 +27,8 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_option("--kv-k-scale-bits", o.kv_k_scale_bits, "key scale bits (overrides --kv-scale-bits)");
   cmd.add_option("--kv-v-scale-bits", o.kv_v_scale_bits, "value scale bits (overrides --kv-scale-bits)");
   cmd.add_flag("--kv-k-pre-rope", o.kv_k_pre_rope, "store keys before RoPE (queries are rotated instead)");
+  cmd.add_option("--kv-k-outliers", o.kv_k_outliers, "key values per token kept exactly beside the codes (default 0)");
+  cmd.add_option("--kv-v-outliers", o.kv_v_outliers, "value values per token kept exactly beside the codes (default 0)");
   cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
   cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: static with --kv-calibration)");
   cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"");
@@ -53,6 +55,10 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
   if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
+  if (o.kv_k_outliers < 0 || o.kv_v_outliers < 0)
+    fail("--kv-k-outliers and --kv-v-outliers must be >= 0 (got {}, {})", o.kv_k_outliers, o.kv_v_outliers);
+  if (o.kv_k_outliers > 0) k.k.outliers = o.kv_k_outliers;
+  if (o.kv_v_outliers > 0) k.v.outliers = o.kv_v_outliers;
   auto scale_bits = [](const char* flag, int bits, KvCodecConfig& c) {
     if (bits == 0) return;  // not given
     if (bits != 16 && bits != 8) fail("{} must be 16 or 8 (got {})", flag, bits);

@@ -51,12 +51,15 @@ class HeadSlicePrefetch {
     const KvBlockView view = view_at_(i);
     if (view.codec != codec_) {  // one codec per layer for sealed blocks, another for staging
       codec_ = view.codec;
-      slice_ = codec_->block_bytes() / size_t(codec_->shape().n_kv_heads);
+      shared_ = codec_->shared_bytes();
+      slice_ = (codec_->block_bytes() - shared_.size) / size_t(codec_->shape().n_kv_heads);
       half_ = (slice_ / 2 + 63) / 64 * 64;
     }
     const uint8_t* p = view.data + size_t(kv_head_) * slice_;
     const size_t begin = part == Part::SecondHalf ? half_ : 0, end = part == Part::FirstHalf ? half_ : slice_;
     for (size_t off = begin; off < end; off += 64) __builtin_prefetch(p + off, 0, 2);
+    if (part != Part::SecondHalf)  // bytes every head reads (outlier entries), with the first half
+      for (size_t off = 0; off < shared_.size; off += 64) __builtin_prefetch(view.data + shared_.offset + off, 0, 2);
   }
 
   int kv_head_;
@@ -64,6 +67,7 @@ class HeadSlicePrefetch {
   ViewAt view_at_;
   const KvCodec* codec_ = nullptr;
   size_t slice_ = 0, half_ = 0;
+  ByteSpan shared_;
 };
 
 }  // namespace kvserve

@@ -6,6 +6,7 @@
 
 #include "kv/float_codecs.h"
 #include "kv/int_codecs.h"
+#include "kv/outlier_codec.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -61,7 +62,8 @@ std::string KvCodecConfig::describe() const {
   else if (is_static()) out = fmt::format("{}/static", kv_dtype_name(dtype));
   else out = fmt::format("{}/{}/g{}", kv_dtype_name(dtype), kv_grouping_name(grouping), group_size);
   if (scale_bits == 8 && kv_dtype_is_quantized(dtype) && dtype != KvDType::Q4_0 && !is_static()) out += "+s8";
-  return pre_rope ? out + "+prerope" : out;
+  if (pre_rope) out += "+prerope";
+  return outliers > 0 ? out + fmt::format("+o{}", outliers) : out;
 }
 
 void KvCodec::score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
@@ -91,6 +93,15 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
     fail("KV block shape must be positive (block {}, heads {}, head dim {})", shape.block_size, shape.n_kv_heads,
          shape.head_dim);
   const int kv_dim = shape.kv_dim();
+  if (config.outliers != 0) {
+    if (!kv_dtype_is_quantized(config.dtype) || config.dtype == KvDType::Q4_0)
+      fail("KV outliers apply to int8, int4 and int2, not {}", kv_dtype_name(config.dtype));
+    if (config.outliers < 0 || config.outliers > kv_dim || kv_dim > 65536)
+      fail("KV outliers per token must be in 1..{} (got {})", std::min(kv_dim, 65536), config.outliers);
+    KvCodecConfig inner = config;
+    inner.outliers = 0;
+    return make_outlier_codec(config, shape, make_kv_codec(inner, shape));
+  }
   KvCodecConfig c = config;
   if (c.scale_bits != 16 && c.scale_bits != 8) fail("KV scale bits must be 16 or 8 (got {})", c.scale_bits);
   // Only dynamic integer groups store scales; elsewhere the setting has nothing to apply to.

@@ -91,9 +91,13 @@ struct KvCodecConfig {
   // whole blocks, like channel groups). Ignored by types without such pairs
   // (float, q4_0, static scales).
   int scale_bits = 16;
+  // Values per token row kept exactly beside the codes (kv/outlier_codec.h:
+  // the row's furthest from their group's centre, as index and fp16 delta).
+  // 0 = none. Integer types only.
+  int outliers = 0;
 
   bool is_static() const { return !static_min.empty(); }
-  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope, "+s8" with 8-bit scales
+  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope, "+s8" with 8-bit scales, "+o2" with 2 outliers
 };
 
 // A run of bytes inside a block: [offset, offset + size).
@@ -112,6 +116,10 @@ class KvCodec {
 
   // Bytes of one block (all tokens, all KV heads, metadata included).
   virtual size_t block_bytes() const = 0;
+  // Bytes at the end of the block that every head's kernels read besides
+  // the head's own slice (kv/outlier_codec.h's entries); empty for the
+  // others. Head slices divide the bytes before them (head-major layouts).
+  virtual ByteSpan shared_bytes() const { return {}; }
   // Whether a single token can be encoded on its own (false for channel
   // groups, which need every token of the block at once).
   virtual bool encodes_tokens() const { return true; }

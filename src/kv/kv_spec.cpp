@@ -48,6 +48,7 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
     c.dtype = t;
     if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.static_min.clear(), c.static_max.clear();
     if (!kv_dtype_is_quantized(t)) c.pre_rope = false;  // full precision needs no pre-RoPE trick
+    if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.outliers = 0;
   };
   for (const auto& o : overrides)
     for (int l = o.first; l <= o.last; ++l) {

@@ -50,6 +50,10 @@ kvserve_error_test(cli.error_scale_bits "scale-bits"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 12)
 kvserve_error_test(cli.error_eight_bit_scales_without_window "residual window"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 8 --kv-residual 0)
+kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
+kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype fp16 --kv-v-outliers 1)
 kvserve_error_test(cli.error_ppl_ctx "--ctx"
   perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 4096)
 
