@@ -42,6 +42,9 @@ configs=(
   "preset int2|--kv-preset int2"
   "preset int4-small|--kv-preset int4-small"
   "preset int2-small|--kv-preset int2-small"
+  "preset int4-small + 1 key outlier|--kv-preset int4-small --kv-k-outliers 1"
+  "preset int2 + 1 key outlier|--kv-preset int2 --kv-k-outliers 1"
+  "preset int2-small + 1 key outlier|--kv-preset int2-small --kv-k-outliers 1"
 )
 echo "| configuration | PPL | ΔPPL vs FP32 | KL | top-1 | KV bytes/token |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: |"
