@@ -115,6 +115,13 @@ TEST(KvCalibrationFile, RoundTripsAndApplies) {
   EXPECT_EQ(o.layers[0].k.dtype, KvDType::F16);
   EXPECT_FALSE(o.layers[0].k.is_static());  // fp16 has no scales
   EXPECT_EQ(o.layers[1].k.static_min, (std::vector<float>{-3, -4}));
+  // Outliers asked for every layer stay only where the assignment keeps integer codes.
+  KvCacheOptions with_outliers;
+  with_outliers.k.outliers = with_outliers.v.outliers = 1;
+  apply_kv_calibration(with_outliers, d, 2, false);
+  EXPECT_EQ(with_outliers.layers[0].k.outliers, 0);  // fp16
+  EXPECT_EQ(with_outliers.layers[0].v.outliers, 1);  // int8
+  EXPECT_EQ(with_outliers.layers[1].k.outliers, 1);  // int4
   EXPECT_THROW(apply_kv_calibration(o, d, 3, true), Error);
   std::remove(path.c_str());
 }

@@ -86,40 +86,42 @@ TEST(OutlierCodec, KeepsTheFurthestValuesAndShrinksTheRest) {
 // outlier terms, so the outlier codec misses its reference by what the inner
 // codec misses its own by (8-bit folds), up to float rounding.
 TEST(OutlierCodec, KernelsAddTheOutliersToTheInnerKernels) {
-  const KvBlockShape s{32, 2, 64};
-  for (const KvCodecConfig& c : configs()) {
-    for (int count : {1, 2}) {
-      if (c.pre_rope) continue;  // score is the post-RoPE path; score_tokens below covers pre-RoPE keys
-      auto kept = make_kv_codec(with_outliers(c, count), s);
-      auto inner = make_kv_codec(c, s);
-      const int hd = s.head_dim, bs = s.block_size, n = bs - 5, n_q = 3, stride = bs + 3;
-      std::vector<float> x = rows_with_outliers(bs, s.kv_dim(), 9);
-      std::vector<uint8_t> block(kept->block_bytes());
-      kept->encode_block(block.data(), x.data(), bs);  // the inner codec's block comes first
-      std::vector<float> q = rows_with_outliers(n_q, hd, 10);
-      std::vector<float> w(size_t(n_q) * stride);
-      for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(i)));
-      for (int h = 0; h < s.n_kv_heads; ++h) {
-        std::vector<float> s1(size_t(n_q) * stride), r1(s1.size()), s2(s1.size()), r2(s1.size());
-        kept->score(q.data(), n_q, block.data(), n, h, 0.125f, s1.data(), stride);
-        score_reference(*kept, q.data(), n_q, block.data(), n, h, 0.125f, r1.data(), stride);
-        inner->score(q.data(), n_q, block.data(), n, h, 0.125f, s2.data(), stride);
-        score_reference(*inner, q.data(), n_q, block.data(), n, h, 0.125f, r2.data(), stride);
-        bool any_term = false;
-        for (int i = 0; i < n_q; ++i)
-          for (int t = 0; t < n; ++t) {
-            const size_t k = size_t(i * stride + t);
-            any_term = any_term || std::fabs(r1[k] - r2[k]) > 0.1;
-            ASSERT_NEAR(s1[k] - r1[k], s2[k] - r2[k], 1e-4 * (1 + std::fabs(r1[k]))) << c.describe() << " head " << h;
-          }
-        EXPECT_TRUE(any_term) << "no outlier in head " << h << ": the test plants one per token";
-        std::vector<float> o1(size_t(n_q) * hd, 0.5f), p1(o1), o2(o1), p2(o1);
-        kept->accumulate(w.data(), n_q, stride, block.data(), n, h, o1.data());
-        accumulate_reference(*kept, w.data(), n_q, stride, block.data(), n, h, p1.data());
-        inner->accumulate(w.data(), n_q, stride, block.data(), n, h, o2.data());
-        accumulate_reference(*inner, w.data(), n_q, stride, block.data(), n, h, p2.data());
-        for (size_t i = 0; i < o1.size(); ++i)
-          ASSERT_NEAR(o1[i] - p1[i], o2[i] - p2[i], 1e-4 * (1 + std::fabs(p1[i]))) << c.describe();
+  // 12-dim heads (not a power of two) take the scalar scan.
+  for (const KvBlockShape& s : {KvBlockShape{32, 2, 64}, KvBlockShape{32, 2, 12}}) {
+    for (const KvCodecConfig& c : configs()) {
+      for (int count : {1, 2}) {
+        if (c.pre_rope) continue;  // score is the post-RoPE path; score_tokens below covers pre-RoPE keys
+        auto kept = make_kv_codec(with_outliers(c, count), s);
+        auto inner = make_kv_codec(c, s);
+        const int hd = s.head_dim, bs = s.block_size, n = bs - 5, n_q = 3, stride = bs + 3;
+        std::vector<float> x = rows_with_outliers(bs, s.kv_dim(), 9);
+        std::vector<uint8_t> block(kept->block_bytes());
+        kept->encode_block(block.data(), x.data(), bs);  // the inner codec's block comes first
+        std::vector<float> q = rows_with_outliers(n_q, hd, 10);
+        std::vector<float> w(size_t(n_q) * stride);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(i)));
+        for (int h = 0; h < s.n_kv_heads; ++h) {
+          std::vector<float> s1(size_t(n_q) * stride), r1(s1.size()), s2(s1.size()), r2(s1.size());
+          kept->score(q.data(), n_q, block.data(), n, h, 0.125f, s1.data(), stride);
+          score_reference(*kept, q.data(), n_q, block.data(), n, h, 0.125f, r1.data(), stride);
+          inner->score(q.data(), n_q, block.data(), n, h, 0.125f, s2.data(), stride);
+          score_reference(*inner, q.data(), n_q, block.data(), n, h, 0.125f, r2.data(), stride);
+          bool any_term = false;
+          for (int i = 0; i < n_q; ++i)
+            for (int t = 0; t < n; ++t) {
+              const size_t k = size_t(i * stride + t);
+              any_term = any_term || std::fabs(r1[k] - r2[k]) > 0.1;
+              ASSERT_NEAR(s1[k] - r1[k], s2[k] - r2[k], 1e-4 * (1 + std::fabs(r1[k]))) << c.describe() << " head " << h;
+            }
+          EXPECT_TRUE(any_term) << "no outlier in head " << h << ": the test plants one per token";
+          std::vector<float> o1(size_t(n_q) * hd, 0.5f), p1(o1), o2(o1), p2(o1);
+          kept->accumulate(w.data(), n_q, stride, block.data(), n, h, o1.data());
+          accumulate_reference(*kept, w.data(), n_q, stride, block.data(), n, h, p1.data());
+          inner->accumulate(w.data(), n_q, stride, block.data(), n, h, o2.data());
+          accumulate_reference(*inner, w.data(), n_q, stride, block.data(), n, h, p2.data());
+          for (size_t i = 0; i < o1.size(); ++i)
+            ASSERT_NEAR(o1[i] - p1[i], o2[i] - p2[i], 1e-4 * (1 + std::fabs(p1[i]))) << c.describe();
+        }
       }
     }
   }
@@ -170,6 +172,25 @@ TEST(OutlierCodec, PreRopeKeysMeetTheOutliersAtTheirPositions) {
         ASSERT_NEAR(got[size_t(i * stride + t)], want, 2e-3 * (1 + std::fabs(want))) << "token " << t;
       }
     }
+  }
+}
+
+// Token codecs also encode one token at a time (no residual window): the
+// same outliers, the same bytes for the token's slot as a block encoding.
+TEST(OutlierCodec, TokenEncodingKeepsTheSameOutliers) {
+  const KvBlockShape s{16, 2, 64};
+  auto kept = make_kv_codec(with_outliers({KvDType::INT4, KvGrouping::Token, 0, {}, {}}, 2), s);
+  const int kv_dim = s.kv_dim();
+  std::vector<float> x = rows_with_outliers(s.block_size, kv_dim, 5);
+  std::vector<uint8_t> by_token(kept->block_bytes()), by_block(kept->block_bytes());
+  for (int t = 0; t < s.block_size; ++t) kept->encode_token(by_token.data(), t, x.data() + size_t(t) * kv_dim);
+  kept->encode_block(by_block.data(), x.data(), s.block_size);
+  EXPECT_EQ(by_token, by_block);
+  std::vector<float> out(static_cast<size_t>(kv_dim));
+  for (int t = 0; t < s.block_size; ++t) {
+    kept->decode_token(by_token.data(), t, out.data());
+    const size_t d = size_t(5 * t % kv_dim);
+    ASSERT_NEAR(out[d], x[size_t(t) * kv_dim + d], 40.0 / 1024) << "token " << t;
   }
 }
 

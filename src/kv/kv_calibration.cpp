@@ -77,6 +77,8 @@ void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n
     if (!c.assignment.empty()) {
       lc.k.dtype = c.assignment[size_t(l)].k;
       lc.v.dtype = c.assignment[size_t(l)].v;
+      for (KvCodecConfig* cfg : {&lc.k, &lc.v})  // only integer codes keep outliers
+        if (!kv_dtype_is_quantized(cfg->dtype) || cfg->dtype == KvDType::Q4_0) cfg->outliers = 0;
     }
     auto set_static = [&](KvCodecConfig& cfg, const KvChannelRanges& r) {
       const bool integer = kv_dtype_is_quantized(cfg.dtype) && cfg.dtype != KvDType::Q4_0;

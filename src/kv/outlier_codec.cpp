@@ -131,7 +131,7 @@ class OutlierCodec final : public KvCodec {
     Entry* e = reinterpret_cast<Entry*>(block + inner_bytes_) + size_t(slot) * count_;
     for (int k = 0; k < count_; ++k) {
       const uint16_t d = picked[size_t(k)];
-      e[k] = {d, fp32_to_fp16(x[d] - decoded[d])};
+      e[k] = {d, fp32_to_fp16(std::clamp(x[d] - decoded[d], -65504.0f, 65504.0f))};  // fp16's range, never inf
     }
   }
   // query(t, i): query i's head_dim floats as token t meets them.
