@@ -1,5 +1,6 @@
 // Decode attention over a quantized KV cache at the 400M model's shape (head
-// dim 64, 8 KV heads, GQA group 3, block 16), against a plain memory read.
+// dim 64, 8 KV heads, GQA group 3; blocks of 16 tokens unless the codec pair
+// names its own), against a plain memory read.
 //
 // One iteration is one layer of one decode step: for each KV head, score the
 // 3 queries of its group against every K block, softmax, then accumulate every
@@ -70,8 +71,17 @@ std::vector<CodecPair> codec_pairs() {
       {"int2/token/g64", tok(KvDType::INT2, 64), tok(KvDType::INT2, 64)},
       {"int2 K channel/g16, V token/g64", chan(KvDType::INT2, 16), tok(KvDType::INT2, 64)},
       {"q4_0", {KvDType::Q4_0}, {KvDType::Q4_0}},
-      {"int4-small: K channel/g32, V token/g64, 8-bit scales", s8(chan(KvDType::INT4, 32)), s8(tok(KvDType::INT4, 64)), 32},
-      {"int2-small: K channel/g32, V token/g64, 8-bit scales", s8(chan(KvDType::INT2, 32)), s8(tok(KvDType::INT2, 64)), 32},
+      {"int4-small in 32-token blocks (before the tenth session): K channel/g32, V token/g64, 8-bit scales",
+       s8(chan(KvDType::INT4, 32)), s8(tok(KvDType::INT4, 64)), 32},
+      {"int2-small in 32-token blocks (before the tenth session): K channel/g32, V token/g64, 8-bit scales",
+       s8(chan(KvDType::INT2, 32)), s8(tok(KvDType::INT2, 64)), 32},
+      {"int4-small's codecs in 64-token blocks, K channel/g32", s8(chan(KvDType::INT4, 32)), s8(tok(KvDType::INT4, 64)), 64},
+      {"int4-small: K channel/g64, V token/g64, 8-bit scales, 64-token blocks", s8(chan(KvDType::INT4, 64)),
+       s8(tok(KvDType::INT4, 64)), 64},
+      {"int2-small: K channel/g64, V token/g64, 8-bit scales, 64-token blocks", s8(chan(KvDType::INT2, 64)),
+       s8(tok(KvDType::INT2, 64)), 64},
+      {"int4-small's codecs in 128-token blocks, K channel/g128", s8(chan(KvDType::INT4, 128)), s8(tok(KvDType::INT4, 64)),
+       128},
   };
 }
 
@@ -229,8 +239,10 @@ void BM_ValueWeights(benchmark::State& state) {
   state.counters["w8_over_w16"] = w8 / w16;
   state.SetLabel(codec_pairs()[size_t(pair)].name);
 }
-// int4-small at 4K and 16K; fp16 (no folded weights) as the control.
-BENCHMARK(BM_ValueWeights)->ArgNames({"codec", "ctx"})->Args({9, 4096})->Args({9, 16384})->Args({1, 4096});
+// int4-small (32- and 64-token blocks) at 4K and 16K; fp16 (no folded
+// weights) as the control.
+BENCHMARK(BM_ValueWeights)->ArgNames({"codec", "ctx"})->Args({9, 4096})->Args({9, 16384})->Args({12, 4096})
+    ->Args({12, 16384})->Args({1, 4096});
 
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "ctx", "threads"});

@@ -7,7 +7,7 @@
 set -euo pipefail
 kvserve=${KVSERVE:-build/kvserve}
 model=${1:?model}; bs=${2:-16}
-bytes_of() {  # flags... -> kv_bytes_per_token; presets use their own block size (32 for the integer ones)
+bytes_of() {  # flags... -> kv_bytes_per_token; presets use their own block size (32 or 64)
   local block=(--block-size "$bs")
   [[ " $* " == *" --kv-preset "* ]] && block=()
   "$kvserve" inspect --model "$model" "${block[@]}" --json "$@" |

@@ -69,6 +69,16 @@ std::vector<Case> all_cases() {
       c.scale_bits = bits;
       cases.push_back({c, s});
     }
+  // The small presets' layout since the tenth session: 64-token blocks, keys
+  // in one 64-token channel group (or two of 32), values one group per head,
+  // 8-bit scales; 4-bit keys take the 8-bit query kernel there.
+  for (KvDType t : {KvDType::INT4, KvDType::INT2})
+    for (KvCodecConfig c : {KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}},
+                            KvCodecConfig{t, KvGrouping::Channel, 32, {}, {}},
+                            KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}}) {
+      c.scale_bits = 8;
+      cases.push_back({c, KvBlockShape{64, 2, 64}});
+    }
   return cases;
 }
 
@@ -540,6 +550,12 @@ TEST(KvCodec, BlockBytesAreExact) {
   k8.dtype = v8.dtype = KvDType::INT2;
   EXPECT_EQ(make_kv_codec(k8, s32)->block_bytes(), 8u * (32 * 16 + 4 + 2 * 64));
   EXPECT_EQ(make_kv_codec(v8, s32)->block_bytes(), 8u * (32 * 16 + 4 + 2 * 32));
+  // 64-token blocks (the small presets since the tenth session): one key
+  // group per channel per block, so the key metadata is half per token.
+  const KvBlockShape s64{64, 8, 64};
+  k8.dtype = v8.dtype = KvDType::INT4;
+  EXPECT_EQ(make_kv_codec(k8, s64)->block_bytes(), 8u * (64 * 32 + 4 + 2 * 64));
+  EXPECT_EQ(make_kv_codec(v8, s64)->block_bytes(), 8u * (64 * 32 + 4 + 2 * 64));
 }
 
 // scale8 (8-bit scale and min per group, an fp16 header per run): the stored

@@ -69,15 +69,28 @@ TEST(KvPreset, EveryPresetBuildsACache) {
 // costs per token; INT4's keys take the 8-bit query kernel) and a residual
 // window of whole blocks; a block size the user chose is kept, with the
 // window still counted in blocks. Float presets leave the block size alone.
-TEST(KvPreset, IntegerPresetsPick32TokenBlocksUnlessTheUserChose) {
-  const std::pair<std::string, int> residuals[] = {
-      {"int8", 32}, {"int4", 64}, {"int4-small", 64}, {"int2", 64}, {"int2-small", 64}};
-  for (const auto& [name, residual] : residuals) {
+TEST(KvPreset, IntegerPresetsPickTheirBlockSizeUnlessTheUserChose) {
+  struct Expected {
+    std::string name;
+    int block, residual;
+  };
+  const Expected presets[] = {{"int8", 32, 32},        {"int4", 32, 64},  {"int4-small", 64, 128},
+                              {"int2", 32, 64},        {"int2-small", 64, 128}};
+  for (const auto& [name, block, residual] : presets) {
     KvCacheOptions o;
     o.block_size = 16;
     apply_kv_preset(o, name);
-    EXPECT_EQ(o.block_size, 32) << name;
+    EXPECT_EQ(o.block_size, block) << name;
     EXPECT_EQ(o.residual, residual) << name;
+  }
+  // The small presets' 128-token window is whole blocks of any block size
+  // that divides it, else one block.
+  for (const auto& [block, residual] : {std::pair{16, 128}, std::pair{32, 128}, std::pair{256, 256}}) {
+    KvCacheOptions o;
+    o.block_size = block;
+    apply_kv_preset(o, "int4-small", /*keep_block_size=*/true);
+    EXPECT_EQ(o.block_size, block);
+    EXPECT_EQ(o.residual, residual) << block;
   }
   KvCacheOptions kept;
   kept.block_size = 8;

@@ -36,6 +36,7 @@ struct BenchArgs {
   // A second KV preset decoded in the same run, steps interleaved, for a
   // speed ratio that the host's noise between runs does not reach.
   std::string compare_preset;
+  int compare_block_size = 0;  // 0: the run's --block-size
   // Serving workloads through the engine (--workload).
   WorkloadOptions workload;
   bool workload_given = false;
@@ -218,7 +219,9 @@ void run(const BenchArgs& a) {
   if (!a.compare_preset.empty()) {
     CommonOptions o;  // the preset alone; the other KV flags shape this run's cache only
     o.kv_preset = a.compare_preset;
-    o.block_size = a.common.block_size;  // a chosen block size applies to both (the preset keeps it)
+    // A chosen block size applies to both (the preset keeps it), unless
+    // --compare-block-size gives the baseline its own.
+    o.block_size = a.compare_block_size > 0 ? a.compare_block_size : a.common.block_size;
     baseline = std::make_unique<DecodeSubject>(c, cache_options(o), sparsity, prompt);
   }
   subject.fill(a.fill_context, c);
@@ -280,6 +283,8 @@ void run(const BenchArgs& a) {
     j["compare_preset"] = a.compare_preset;
     j["compare_kv_dtype"] = kv_description(*baseline->cache);
     j["compare_kv_bytes_per_token"] = baseline->cache->stats().bytes_per_token;
+    j["compare_block_size"] = baseline->cache->block_size();
+    j["block_size"] = subject.cache->block_size();
     j["compare_decode_tok_s"] = a.gen_tokens / baseline->total_steps();
     j["compare_decode_step_ms_median"] = 1e3 * baseline->median_step();
     // How many times faster this configuration decodes than the comparison:
@@ -328,6 +333,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--compare-preset", a->compare_preset,
                   "also decode with this KV preset in the same run, steps alternating, and report the speed ratio "
                   "(decode_speedup); it takes --block-size but no other KV flag");
+  cmd->add_option("--compare-block-size", a->compare_block_size,
+                  "block size of the --compare-preset cache (default: --block-size, or the preset's own)");
   WorkloadOptions& w = a->workload;
   cmd->add_option_function<std::string>("--workload", [a](const std::string& v) {
     a->workload.name = v;
@@ -361,6 +368,8 @@ void register_bench(CLI::App& app) {
       if (std::find(names.begin(), names.end(), a->compare_preset) == names.end())
         fail("unknown --compare-preset '{}' (expected {})", a->compare_preset, fmt::join(names, ", "));
     }
+    if (a->compare_block_size != 0 && a->compare_preset.empty()) fail("--compare-block-size needs --compare-preset");
+    if (a->compare_block_size < 0) fail("--compare-block-size must be positive");
     if (attention->attention_only || !attention->dump_qk.empty()) return run_attention_bench(*attention, a->common);
     if (!a->load.server.empty()) {
       if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;

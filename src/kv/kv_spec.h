@@ -32,7 +32,8 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
 // the largest cache to the smallest.
 std::vector<std::string> kv_preset_names();
 // Sets options' K/V codecs and residual window. The integer presets also set
-// 32-token blocks unless keep_block_size (a block size the user chose).
+// their block size (32 tokens; 64 for the -small presets) unless
+// keep_block_size (a block size the user chose).
 // Throws kvserve::Error for an unknown name.
 void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep_block_size = false);
 

@@ -71,6 +71,14 @@ add_test(NAME cli.bench_compare_preset_json COMMAND ${CMAKE_COMMAND}
   "-DFIELDS=decode_tok_s;decode_speedup;decode_step_ms_median;compare_preset;compare_decode_tok_s;compare_decode_step_ms_median;compare_kv_dtype;compare_kv_bytes_per_token;compare_decode_bytes_per_token;bytes_bound_speedup"
   "-DABOVE=bytes_bound_speedup=1"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+# The small presets' own 64-token blocks against FP16 in its own 16-token ones.
+add_test(NAME cli.bench_compare_block_size_json COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int4-small;--compare-preset;fp16;--compare-block-size;16;--prompt-tokens;64;--gen-tokens;4;--bandwidth-mib;16;--json"
+  "-DFIELDS=decode_speedup;block_size;compare_block_size"
+  "-DEQUALS=block_size=64;compare_block_size=16"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
+  bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
   bench --model ${MODELS}/stories260K.gguf --compare-preset nope --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_workload "decode benchmark only"

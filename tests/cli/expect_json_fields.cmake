@@ -1,6 +1,7 @@
 # Runs a command and checks it prints one JSON object on stdout that has
 # every field in FIELDS. -DCOMMAND="a;b;c" -DFIELDS="f1;f2"
 # Optional -DABOVE="f1=x;f2=y": each such field must be a number above x.
+# Optional -DEQUALS="f1=x": each such field must equal x exactly.
 execute_process(COMMAND ${COMMAND} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "command failed (${rc}): ${err}")
@@ -18,5 +19,14 @@ foreach(bound ${ABOVE})
   string(JSON value GET "${out}" ${field})
   if(NOT value GREATER limit)
     message(FATAL_ERROR "field '${field}' is ${value}, expected above ${limit}\n${out}")
+  endif()
+endforeach()
+foreach(expected ${EQUALS})
+  string(REPLACE "=" ";" pair "${expected}")
+  list(GET pair 0 field)
+  list(GET pair 1 want)
+  string(JSON value GET "${out}" ${field})
+  if(NOT value STREQUAL want)
+    message(FATAL_ERROR "field '${field}' is ${value}, expected ${want}\n${out}")
   endif()
 endforeach()
