@@ -244,6 +244,46 @@ void BM_ValueWeights(benchmark::State& state) {
 BENCHMARK(BM_ValueWeights)->ArgNames({"codec", "ctx"})->Args({9, 4096})->Args({9, 16384})->Args({12, 4096})
     ->Args({12, 16384})->Args({1, 4096});
 
+// Two layouts (codec pairs a and b, each with its own block size) on one
+// layer, one thread, their layers alternating in one process so the host's
+// drift hits both alike. Reports each one's median layer time and b / a.
+void BM_LayoutPair(benchmark::State& state) {
+  const int pair_a = int(state.range(0)), pair_b = int(state.range(1)), n_ctx = int(state.range(2));
+  const LayerSet sets[2] = {LayerSet(pair_a, n_ctx), LayerSet(pair_b, n_ctx)};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);
+  for (auto& e : q) e = normal(rng);
+  std::vector<float> out(q.size());
+  std::vector<float> scores[2];
+  for (int w = 0; w < 2; ++w) scores[w].resize(kGroup * size_t(sets[w].n_blocks) * size_t(sets[w].block));
+  std::vector<double> seconds[2];
+  size_t layer = 0;
+  for (auto _ : state) {
+    for (int w = 0; w < 2; ++w) {
+      const LayerSet& set = sets[w];
+      const uint8_t* arena = set.copies[layer % set.copies.size()].data();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int h = 0; h < kKvHeads; ++h)
+        attend_head(set, arena, h, q.data() + size_t(h) * kGroup * kHeadDim, scores[w].data(),
+                    out.data() + size_t(h) * kGroup * kHeadDim);
+      benchmark::DoNotOptimize(out.data());
+      seconds[w].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    ++layer;
+  }
+  for (auto& x : seconds) std::sort(x.begin(), x.end());
+  const double a = seconds[0][seconds[0].size() / 2], b = seconds[1][seconds[1].size() / 2];
+  state.counters["a_us"] = a * 1e6;
+  state.counters["b_us"] = b * 1e6;
+  state.counters["b_over_a"] = b / a;
+  state.SetLabel(std::string(codec_pairs()[size_t(pair_b)].name) + " vs " + codec_pairs()[size_t(pair_a)].name);
+}
+// int4-small in 32-token blocks (before the tenth session) against its
+// 64-token layout (now) and 128-token blocks, at 4K and 16K.
+BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({9, 12, 4096})->Args({9, 12, 16384})
+    ->Args({9, 14, 16384})->Args({12, 14, 16384})->Iterations(200);
+
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "ctx", "threads"});
   for (int64_t ctx : {16384, 4096, 1024, 512})
