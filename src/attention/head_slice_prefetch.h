@@ -30,7 +30,7 @@ constexpr int32_t kPrefetchAhead = 4;
 // whole slice's hints at once (32 lines for an fp16 block of 16 tokens)
 // overran what the core keeps in flight: FP16 decode at 16K took 0.86-0.97x
 // the step time with halves (median 0.88x, ten rounds, steps alternating
-// between the two in one run); int4-small's 19-line slices did not change
+// between the two in one run); int4-small's 19-line slices (32-token blocks then) did not change
 // beyond the comparison's +-1.5%. The slice's size is looked up once per
 // codec, not per block (a virtual call and a division; ~1% of int4-small's
 // decode step at 16K).
