@@ -169,6 +169,31 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
     for (int d = 0; d < kHeadDim; ++d) out[i * kHeadDim + d] *= inv_sum[i];
 }
 
+// The queries of every KV head's group: (kv head, group, head_dim), fixed seed.
+std::vector<float> random_queries() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);
+  for (auto& e : q) e = normal(rng);
+  return q;
+}
+
+// Seconds one layer (every KV head of arena) takes, as attend_head runs it.
+double time_layer(const LayerSet& set, const uint8_t* arena, const std::vector<float>& q, float* scores,
+                  std::vector<float>& out, const KvCodec* v_codec = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int h = 0; h < kKvHeads; ++h)
+    attend_head(set, arena, h, q.data() + size_t(h) * kGroup * kHeadDim, scores,
+                out.data() + size_t(h) * kGroup * kHeadDim, v_codec);
+  benchmark::DoNotOptimize(out.data());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
 // Args: codec pair, context (tokens), threads.
 void BM_Attention(benchmark::State& state) {
   const int pair = int(state.range(0)), n_ctx = int(state.range(1)), threads = int(state.range(2));
@@ -176,10 +201,7 @@ void BM_Attention(benchmark::State& state) {
   std::unique_ptr<ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
 
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);  // (kv head, group, head_dim)
-  for (auto& e : q) e = normal(rng);
+  const std::vector<float> q = random_queries();
   std::vector<float> out(q.size());
   const size_t stride = size_t(set.n_blocks) * set.block;
   std::vector<std::vector<float>> scores(size_t(std::max(threads, 1)), std::vector<float>(kGroup * stride));
@@ -213,27 +235,16 @@ void BM_ValueWeights(benchmark::State& state) {
   set_byte_value_weights(false);
   const std::unique_ptr<KvCodec> v16 = make_kv_codec(codec_pairs()[size_t(pair)].v, set.v->shape());
   set_byte_value_weights(true);
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);
-  for (auto& e : q) e = normal(rng);
+  const std::vector<float> q = random_queries();
   std::vector<float> out(q.size());
   std::vector<float> scores(kGroup * size_t(set.n_blocks) * set.block);
   std::vector<double> seconds[2];  // 8-bit, 16-bit
   size_t layer = 0;
-  for (auto _ : state) {
-    for (int w = 0; w < 2; ++w) {
-      const uint8_t* arena = set.copies[layer++ % set.copies.size()].data();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int h = 0; h < kKvHeads; ++h)
-        attend_head(set, arena, h, q.data() + size_t(h) * kGroup * kHeadDim, scores.data(),
-                    out.data() + size_t(h) * kGroup * kHeadDim, w == 0 ? set.v.get() : v16.get());
-      benchmark::DoNotOptimize(out.data());
-      seconds[w].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  for (auto& x : seconds) std::sort(x.begin(), x.end());
-  const double w8 = seconds[0][seconds[0].size() / 2], w16 = seconds[1][seconds[1].size() / 2];
+  for (auto _ : state)
+    for (int w = 0; w < 2; ++w)
+      seconds[w].push_back(time_layer(set, set.copies[layer++ % set.copies.size()].data(), q, scores.data(), out,
+                                      w == 0 ? set.v.get() : v16.get()));
+  const double w8 = median(seconds[0]), w16 = median(seconds[1]);
   state.counters["w8_us"] = w8 * 1e6;
   state.counters["w16_us"] = w16 * 1e6;
   state.counters["w8_over_w16"] = w8 / w16;
@@ -250,30 +261,19 @@ BENCHMARK(BM_ValueWeights)->ArgNames({"codec", "ctx"})->Args({9, 4096})->Args({9
 void BM_LayoutPair(benchmark::State& state) {
   const int pair_a = int(state.range(0)), pair_b = int(state.range(1)), n_ctx = int(state.range(2));
   const LayerSet sets[2] = {LayerSet(pair_a, n_ctx), LayerSet(pair_b, n_ctx)};
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(size_t(kKvHeads) * kGroup * kHeadDim);
-  for (auto& e : q) e = normal(rng);
+  const std::vector<float> q = random_queries();
   std::vector<float> out(q.size());
   std::vector<float> scores[2];
   for (int w = 0; w < 2; ++w) scores[w].resize(kGroup * size_t(sets[w].n_blocks) * size_t(sets[w].block));
   std::vector<double> seconds[2];
   size_t layer = 0;
   for (auto _ : state) {
-    for (int w = 0; w < 2; ++w) {
-      const LayerSet& set = sets[w];
-      const uint8_t* arena = set.copies[layer % set.copies.size()].data();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int h = 0; h < kKvHeads; ++h)
-        attend_head(set, arena, h, q.data() + size_t(h) * kGroup * kHeadDim, scores[w].data(),
-                    out.data() + size_t(h) * kGroup * kHeadDim);
-      benchmark::DoNotOptimize(out.data());
-      seconds[w].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
+    for (int w = 0; w < 2; ++w)
+      seconds[w].push_back(
+          time_layer(sets[w], sets[w].copies[layer % sets[w].copies.size()].data(), q, scores[w].data(), out));
     ++layer;
   }
-  for (auto& x : seconds) std::sort(x.begin(), x.end());
-  const double a = seconds[0][seconds[0].size() / 2], b = seconds[1][seconds[1].size() / 2];
+  const double a = median(seconds[0]), b = median(seconds[1]);
   state.counters["a_us"] = a * 1e6;
   state.counters["b_us"] = b * 1e6;
   state.counters["b_over_a"] = b / a;

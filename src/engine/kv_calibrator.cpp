@@ -127,9 +127,8 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
       for (size_t o = 0; o < n_opts; ++o) {
         const KvDType t = options.candidates[o];
         KvCodecConfig cand = is_key ? options.layout.k : options.layout.v;
-        cand.dtype = t;
-        if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) cand.outliers = 0;  // only integer codes keep outliers
-        if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0 || !options.static_scales) {
+        cand.retype(t);
+        if (!kv_dtype_is_affine(t) || !options.static_scales) {
           cand.static_min.clear();
           cand.static_max.clear();
         } else {

@@ -75,14 +75,11 @@ void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n
   for (int l = 0; l < n_layers; ++l) {
     KvLayerCodecs& lc = options.layers[size_t(l)];
     if (!c.assignment.empty()) {
-      lc.k.dtype = c.assignment[size_t(l)].k;
-      lc.v.dtype = c.assignment[size_t(l)].v;
-      for (KvCodecConfig* cfg : {&lc.k, &lc.v})  // only integer codes keep outliers
-        if (!kv_dtype_is_quantized(cfg->dtype) || cfg->dtype == KvDType::Q4_0) cfg->outliers = 0;
+      lc.k.retype(c.assignment[size_t(l)].k);
+      lc.v.retype(c.assignment[size_t(l)].v);
     }
     auto set_static = [&](KvCodecConfig& cfg, const KvChannelRanges& r) {
-      const bool integer = kv_dtype_is_quantized(cfg.dtype) && cfg.dtype != KvDType::Q4_0;
-      if (use_static && integer) {
+      if (use_static && kv_dtype_is_affine(cfg.dtype)) {
         cfg.static_min = r.min;
         cfg.static_max = r.max;
       } else {

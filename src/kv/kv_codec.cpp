@@ -56,12 +56,22 @@ bool kv_dtype_is_quantized(KvDType t) {
   return t == KvDType::INT8 || t == KvDType::INT4 || t == KvDType::INT2 || t == KvDType::Q4_0;
 }
 
+bool kv_dtype_is_affine(KvDType t) { return kv_dtype_is_quantized(t) && t != KvDType::Q4_0; }
+
+void KvCodecConfig::retype(KvDType t) {
+  dtype = t;
+  if (kv_dtype_is_affine(t)) return;
+  static_min.clear();
+  static_max.clear();
+  outliers = 0;
+}
+
 std::string KvCodecConfig::describe() const {
   std::string out;
-  if (!kv_dtype_is_quantized(dtype) || dtype == KvDType::Q4_0) out = std::string(kv_dtype_name(dtype));
+  if (!kv_dtype_is_affine(dtype)) out = std::string(kv_dtype_name(dtype));
   else if (is_static()) out = fmt::format("{}/static", kv_dtype_name(dtype));
   else out = fmt::format("{}/{}/g{}", kv_dtype_name(dtype), kv_grouping_name(grouping), group_size);
-  if (scale_bits == 8 && kv_dtype_is_quantized(dtype) && dtype != KvDType::Q4_0 && !is_static()) out += "+s8";
+  if (scale_bits == 8 && kv_dtype_is_affine(dtype) && !is_static()) out += "+s8";
   if (pre_rope) out += "+prerope";
   return outliers > 0 ? out + fmt::format("+o{}", outliers) : out;
 }
@@ -94,7 +104,7 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
          shape.head_dim);
   const int kv_dim = shape.kv_dim();
   if (config.outliers != 0) {
-    if (!kv_dtype_is_quantized(config.dtype) || config.dtype == KvDType::Q4_0)
+    if (!kv_dtype_is_affine(config.dtype))
       fail("KV outliers apply to int8, int4 and int2, not {}", kv_dtype_name(config.dtype));
     if (config.outliers < 0 || config.outliers > kv_dim || kv_dim > 65536)
       fail("KV outliers per token must be in 1..{} (got {})", std::min(kv_dim, 65536), config.outliers);
@@ -105,7 +115,7 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
   KvCodecConfig c = config;
   if (c.scale_bits != 16 && c.scale_bits != 8) fail("KV scale bits must be 16 or 8 (got {})", c.scale_bits);
   // Only dynamic integer groups store scales; elsewhere the setting has nothing to apply to.
-  if (!kv_dtype_is_quantized(c.dtype) || c.dtype == KvDType::Q4_0 || c.is_static()) c.scale_bits = 16;
+  if (!kv_dtype_is_affine(c.dtype) || c.is_static()) c.scale_bits = 16;
   if (!kv_dtype_is_quantized(c.dtype)) {
     if (c.is_static()) fail("static scales apply to integer KV types, not {}", kv_dtype_name(c.dtype));
     return make_float_codec(c, shape);

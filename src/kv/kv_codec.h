@@ -60,6 +60,10 @@ KvGrouping parse_kv_grouping(std::string_view name);
 int kv_dtype_bits(KvDType t);
 // Whether the type stores integer codes (and so may need a residual window).
 bool kv_dtype_is_quantized(KvDType t);
+// Whether the type stores asymmetric integer codes with a (scale, min) per
+// group (int8, int4, int2; not q4_0): the types that groupings, static
+// ranges, 8-bit scales and outliers apply to.
+bool kv_dtype_is_affine(KvDType t);
 
 // The geometry of one layer's K or V inside one block.
 struct KvBlockShape {
@@ -97,6 +101,9 @@ struct KvCodecConfig {
   int outliers = 0;
 
   bool is_static() const { return !static_min.empty(); }
+  // Sets dtype, dropping the static ranges and outliers that only affine
+  // integer types keep (kv_dtype_is_affine).
+  void retype(KvDType t);
   std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope, "+s8" with 8-bit scales, "+o2" with 2 outliers
 };
 

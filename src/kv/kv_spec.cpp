@@ -45,10 +45,8 @@ std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_laye
 void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>& overrides, int n_layers) {
   if (options.layers.empty()) options.layers.assign(size_t(n_layers), KvLayerCodecs{options.k, options.v});
   auto set = [](KvCodecConfig& c, KvDType t) {
-    c.dtype = t;
-    if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.static_min.clear(), c.static_max.clear();
+    c.retype(t);
     if (!kv_dtype_is_quantized(t)) c.pre_rope = false;  // full precision needs no pre-RoPE trick
-    if (!kv_dtype_is_quantized(t) || t == KvDType::Q4_0) c.outliers = 0;
   };
   for (const auto& o : overrides)
     for (int l = o.first; l <= o.last; ++l) {
