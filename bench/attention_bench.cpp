@@ -304,6 +304,43 @@ void BM_MemoryRead(benchmark::State& state) {
 }
 BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
+#if defined(__AVX512VNNI__)
+// What one core can issue: the clock (a chain of dependent scalar adds, one
+// cycle each) and the rate of vpdpbusd on 512-bit vectors (twelve
+// independent chains, so latency does not bound it). The integer attention
+// kernels' floor follows: int4-small needs six vpdpbusd per token and KV
+// head (three queries x 64 channels, keys and values), before unpacking
+// codes, folds and softmax (BENCHMARKS.md, "The instruction floor").
+void BM_InstructionRate(benchmark::State& state) {
+  constexpr int64_t kAdds = 100'000'000, kRounds = 10'000'000, kChains = 12;
+  double add_ns = 0, dot_ns = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    int64_t x = 0;
+    for (int64_t i = 0; i < kAdds; ++i) asm volatile("add $1, %0" : "+r"(x));
+    auto t1 = std::chrono::steady_clock::now();
+    add_ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / double(kAdds);
+    __m512i acc[kChains];
+    for (int k = 0; k < kChains; ++k) acc[k] = _mm512_set1_epi32(k);
+    __m512i a = _mm512_set1_epi8(3);
+    const __m512i b = _mm512_set1_epi8(5);
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < kRounds; ++i) {
+      #pragma GCC unroll 12
+      for (int k = 0; k < kChains; ++k) acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
+      asm volatile("" : "+v"(a));  // keeps the loop from being folded away
+    }
+    t1 = std::chrono::steady_clock::now();
+    dot_ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / double(kRounds * kChains);
+    for (int k = 0; k < kChains; ++k) benchmark::DoNotOptimize(acc[k]);
+  }
+  state.counters["clock_ghz"] = 1.0 / add_ns;
+  state.counters["vpdpbusd_ns"] = dot_ns;
+  state.counters["vpdpbusd_per_cycle"] = add_ns / dot_ns;
+}
+BENCHMARK(BM_InstructionRate)->Iterations(3)->UseRealTime();
+#endif
+
 }  // namespace
 }  // namespace kvserve
 
