@@ -9,7 +9,8 @@ namespace int_codec {
 
 // Whether ChannelCodec scores these keys against an 8-bit query
 // (score_tiles_bytes): 4-bit dynamic post-RoPE channel groups, on AVX-512
-// VNNI + VBMI builds, and only where a fold serves 32 tokens or more: with
+// VNNI + VBMI builds, heads of whole octets (the octet layout below), and
+// only where a fold serves 32 tokens or more: with
 // 16-token groups the 8-bit fold's extra rounding work outweighs the halved
 // dot products (a 16K layer of int4 in 16-token blocks on one thread: 1.79
 // vs 1.60-1.69 ms; BENCHMARKS.md).
@@ -17,7 +18,7 @@ static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   const int group = c.group_size > 0 ? c.group_size : s.block_size;
   return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && !c.pre_rope &&
-         s.head_dim % 4 == 0 && group >= 32;
+         s.head_dim % 8 == 0 && group >= 32;
 #else
   (void)c, (void)s;
   return false;
@@ -35,9 +36,18 @@ static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 // (c / (8 / B), t) holds channels c .. c + 8 / B - 1 of token t, so one byte
 // row covers every token of the block for those channels. Scoring then runs
 // with tokens in SIMD lanes: the group's scale folds into the query once, and
-// the codes meet it as 16-bit integers in pairwise dot products (no float
-// dequantization, no per-token horizontal sums). Static scales and pre-RoPE
-// keys (a query per token) keep token rows (block_size, head_dim).
+// the codes meet it as integers in dot products (no float dequantization, no
+// per-token horizontal sums). Static scales and pre-RoPE keys (a query per
+// token) keep token rows (block_size, head_dim).
+//
+// 4-bit channel-major heads of whole octets (head_dim % 8 == 0) interleave
+// instead: per octet o of channels 8o .. 8o + 7, four bytes per token,
+// (octet, token, byte j), byte j holding channel 8o + j in its low nibble and
+// 8o + j + 4 in its high one. A 64-byte load is then 16 tokens' codes of the
+// octet, and one AND (channels 8o .. 8o + 3) or one shift and AND
+// (8o + 4 .. 8o + 7) gives the four-codes-per-lane vector vpdpbusd takes:
+// half the instructions of unpacking two byte rows with a permute and a
+// multishift (BENCHMARKS.md, "The octet layout for 4-bit keys").
 template <int B>
 class ChannelCodec final : public KvCodec {
  public:
@@ -49,6 +59,7 @@ class ChannelCodec final : public KvCodec {
         code_bytes_(size_t(s.kv_dim()) * B / 8),
         head_major_(s.head_dim * B % 8 == 0),
         channel_major_(head_major_ && !static_ && !c.pre_rope),
+        octets_(B == 4 && channel_major_ && s.head_dim % 8 == 0),
         head_code_bytes_(size_t(s.head_dim) * B / 8),
         head_bytes_(size_t(s.block_size) * head_code_bytes_ +
                     (static_ ? 0 : size_t(s.block_size / group_) * head_run_bytes(c, s))) {
@@ -220,8 +231,7 @@ class ChannelCodec final : public KvCodec {
       return;
     }
 #endif
-    const int hd = shape_.head_dim, first = kv_head * hd, bs = shape_.block_size;
-    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    const int hd = shape_.head_dim, first = kv_head * hd;
     float* s = scratch(2 * size_t(hd) + size_t(group_));
     float *sc = s, *mn = s + hd, *acc = s + 2 * hd;
     for (int tg = 0; tg * group_ < n; ++tg) {
@@ -231,20 +241,23 @@ class ChannelCodec final : public KvCodec {
         const float* qi = q + size_t(i) * hd;
         std::fill(acc, acc + nt, dot(qi, mn, hd));
         for (int c = 0; c < hd; ++c) {
-          const uint8_t* row = head + size_t(c / (8 / B)) * bs + t0;
-          const int shift = (c % (8 / B)) * B;
+          // Token t's byte for channel c: row[t * step].
+          const uint8_t* row = channel_byte(block, t0, first + c);
+          const size_t step = octets_ ? 4 : 1;
+          const int shift = channel_shift(c);
           const float qc = qi[c] * sc[c];
           int t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
           const __m256 qv = _mm256_set1_ps(qc);
           const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
-          for (; t + 8 <= nt; t += 8) {
-            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + t));
-            const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes), shift), mask);
+          // (Octet heads take score_channel_pairs on AVX2 builds.)
+          for (; !octets_ && t + 8 <= nt; t += 8) {
+            const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + t)));
+            const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(bytes, shift), mask);
             _mm256_storeu_ps(acc + t, _mm256_fmadd_ps(qv, _mm256_cvtepi32_ps(codes), _mm256_loadu_ps(acc + t)));
           }
 #endif
-          for (; t < nt; ++t) acc[t] += qc * float((row[t] >> shift) & ((1 << B) - 1));
+          for (; t < nt; ++t) acc[t] += qc * float((row[size_t(t) * step] >> shift) & ((1 << B) - 1));
         }
         for (int t = 0; t < nt; ++t) scores[size_t(i) * stride + t0 + t] = scale * acc[t];
       }
@@ -266,16 +279,38 @@ class ChannelCodec final : public KvCodec {
     }
     return _mm256_cvtepu8_epi32(bytes);
   }
+  // Octet layout: tokens [t0, t0 + nt) of octet o, one 32-bit lane each.
+  static __m256i load_octet8(const uint8_t* head, int bs, int o, int t0, int nt) {
+    const uint8_t* p = head + (size_t(o) * bs + size_t(t0)) * 4;
+    if (t0 + 8 <= bs) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    alignas(32) uint8_t tmp[32] = {};
+    std::memcpy(tmp, p, size_t(nt) * 4);
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+  }
+  // q16 in pair_channels(p, oct) order.
   template <int NQ>
   static void score_tile8(const uint8_t* head, int bs, int pairs, int t0, int nt, const int32_t* q16,
-                          const float* step, const float* bias, float scale, float* scores, int stride) {
+                          const float* step, const float* bias, float scale, float* scores, int stride, bool oct) {
     __m256i acc[NQ];
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
     auto add = [&](__m256i x, int p) {
       for (int i = 0; i < NQ; ++i)
         acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
     };
-    for (int p = 0; p < pairs; p += B == 2 ? 2 : 1) {
+    if constexpr (B == 4) {
+      if (oct) {
+        for (int p = 0; p < pairs; p += 4) {
+          const __m256i v = load_octet8(head, bs, p / 4, t0, nt);
+          for (int j = 0; j < 4; ++j) {  // byte j: low nibble in bits 0-3, high nibble to bits 16-19
+            const __m256i b = _mm256_srli_epi32(v, 8 * j);
+            add(_mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0xF)),
+                                _mm256_and_si256(_mm256_slli_epi32(b, 12), _mm256_set1_epi32(0xF0000))), p + j);
+          }
+        }
+      }
+    }
+    const int row_pairs = B == 4 && oct ? 0 : pairs;  // the byte-row layouts
+    for (int p = 0; p < row_pairs; p += B == 2 ? 2 : 1) {
       if constexpr (B == 8) {
         add(_mm256_or_si256(load_pairs8(head, bs, 2 * p, t0, nt),
                             _mm256_slli_epi32(load_pairs8(head, bs, 2 * p + 1, t0, nt), 16)), p);
@@ -325,12 +360,13 @@ class ChannelCodec final : public KvCodec {
                            _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
         }
       }
+      if (octets_) order_pairs(q16, n_q, hd);
       const int t1 = std::min(n, (tg + 1) * group_);
       for (int t0 = tg * group_; t0 < t1; t0 += 8) {
         const int nt = std::min(8, t1 - t0);
         by_query_groups(n_q, [&](auto nq, int i) {
           score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
-                                scores + size_t(i) * stride, stride);
+                                scores + size_t(i) * stride, stride, octets_);
         });
       }
     }
@@ -421,7 +457,17 @@ class ChannelCodec final : public KvCodec {
   // Pair vectors p .. p + kPairsPerLoad - 1 of tokens [t0, t0 + 16) (lanes of
   // mask m; the others are zero).
   static constexpr int kPairsPerLoad = B == 2 ? 2 : 1;
-  static void load_pairs(const uint8_t* head, int bs, int p, int t0, __mmask16 m, __m512i* x) {
+  // oct: the octet layout, pairs in pair_channels order.
+  static void load_pairs(const uint8_t* head, int bs, int p, int t0, __mmask16 m, __m512i* x, bool oct) {
+    if constexpr (B == 4) {
+      if (oct) {  // lane t: token t0 + t's four bytes of octet p / 4; its byte p % 4 to bits 0-3 and 16-19
+        const __m512i v = _mm512_maskz_loadu_epi32(m, head + (size_t(p / 4) * bs + size_t(t0)) * 4);
+        const __m512i b = _mm512_srli_epi32(v, unsigned(8 * (p % 4)));
+        x[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0xF)), _mm512_slli_epi32(b, 12),
+                                         _mm512_set1_epi32(0xF0000), 0xF8);  // a | (b & c)
+        return;
+      }
+    }
     auto row = [&](int r) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, head + size_t(r) * bs + t0)); };
     // (a | b) & c as one ternary-logic instruction.
     auto or_and = [](__m512i a, __m512i b, int c) { return _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(c), 0xA8); };
@@ -507,7 +553,7 @@ class ChannelCodec final : public KvCodec {
   // score = scale * (step * dot + bias) per query.
   template <int NQ>
   static void score_tile(const uint8_t* head, int bs, int pairs, int t0, __mmask16 m, const int32_t* q16,
-                         const float* step, const float* bias, float scale, float* scores, int stride) {
+                         const float* step, const float* bias, float scale, float* scores, int stride, bool oct) {
     // Two sums per query (even and odd pairs): the dot products' latency, not
     // their throughput, would bound a single chain.
     __m512i acc[2][NQ];
@@ -516,8 +562,8 @@ class ChannelCodec final : public KvCodec {
     int p = 0;
     for (; p + 2 <= pairs; p += 2) {
       __m512i x[2];
-      load_pairs(head, bs, p, t0, m, x);
-      if constexpr (kPairsPerLoad == 1) load_pairs(head, bs, p + 1, t0, m, x + 1);
+      load_pairs(head, bs, p, t0, m, x, oct);
+      if constexpr (kPairsPerLoad == 1) load_pairs(head, bs, p + 1, t0, m, x + 1, oct);
       #pragma GCC unroll 8
       for (int k = 0; k < 2; ++k)
         #pragma GCC unroll 8
@@ -525,7 +571,7 @@ class ChannelCodec final : public KvCodec {
     }
     if (p < pairs) {  // an odd pair count (B = 8 or 4)
       __m512i x[kPairsPerLoad];
-      load_pairs(head, bs, p, t0, m, x);
+      load_pairs(head, bs, p, t0, m, x, oct);
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) acc[0][i] = kvserve::simd::dot_pairs(acc[0][i], x[0], _mm512_set1_epi32(q16[i * pairs + p]));
     }
@@ -541,70 +587,61 @@ class ChannelCodec final : public KvCodec {
   // 4-bit keys against a query folded to 8 bits: vpdpbusd multiplies four
   // unsigned code bytes by four signed query bytes per 32-bit lane, so one
   // instruction covers 4 channels of 16 tokens per query, twice the
-  // channels of the 16-bit pairs in score_tile, and the codes reach bytes
-  // with one permute and one multishift per 4 channels.
-  // Channels 4g .. 4g + 3 (byte rows 2g, 2g + 1) of tokens [t0, t0 + 16 T)
-  // (bits of m; the others are zero) as T vectors: lane j of vector k = the
-  // four codes of token t0 + 16k + j, in channel order.
+  // channels of the 16-bit pairs in score_tile. In the octet layout a
+  // 64-byte load holds 16 tokens' codes of eight channels, and their low
+  // nibbles (channels 8o .. 8o + 3) and high nibbles (8o + 4 .. 8o + 7) are
+  // already four codes per lane in channel order.
+  // Octet o of tokens [t0, t0 + 16 T) (bits of m; the others are zero) as T
+  // vectors of channels 8o .. 8o + 3 (lo) and T of 8o + 4 .. 8o + 7 (hi).
   template <int T>
-  static void load_quads(const uint8_t* head, int bs, int g, int t0, __mmask32 m, __m512i* x) {
-    // Qword k of vector v: bytes a[16v + 2k], b[16v + 2k] at 0, 1 and
-    // a[16v + 2k + 1], b[16v + 2k + 1] at 4, 5 (a: row 2g, b: row 2g + 1);
-    // byte 4j + r then takes the 8 bits at 4r of token j's half of the
-    // qword, and keeps the low nibble.
-    alignas(64) static constexpr auto kTables = [] {
-      struct { uint8_t idx[2][64], shift[64]; } t{};
-      for (int v = 0; v < 2; ++v)
-        for (int k = 0; k < 8; ++k) {
-          const int a = 16 * v + 2 * k;
-          t.idx[v][8 * k] = uint8_t(a), t.idx[v][8 * k + 1] = uint8_t(64 + a);
-          t.idx[v][8 * k + 4] = uint8_t(a + 1), t.idx[v][8 * k + 5] = uint8_t(64 + a + 1);
-        }
-      for (int k = 0; k < 8; ++k)
-        for (int r = 0; r < 8; ++r) t.shift[8 * k + r] = uint8_t(4 * r + (r >= 4 ? 16 : 0));
-      return t;
-    }();
-    const __m512i a = _mm512_maskz_loadu_epi8(__mmask64(m), head + size_t(2 * g) * bs + t0);
-    const __m512i b = _mm512_maskz_loadu_epi8(__mmask64(m), head + size_t(2 * g + 1) * bs + t0);
-    #pragma GCC unroll 2
+  static void load_octet(const uint8_t* head, int bs, int o, int t0, __mmask64 m, __m512i* lo, __m512i* hi) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    #pragma GCC unroll 4
     for (int v = 0; v < T; ++v) {
-      const __m512i y = _mm512_permutex2var_epi8(a, _mm512_load_si512(kTables.idx[v]), b);
-      x[v] = _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512(kTables.shift), y), _mm512_set1_epi8(0x0F));
+      const __m512i x = _mm512_maskz_loadu_epi32(__mmask16(m >> (16 * v)),
+                                                 head + (size_t(o) * bs + size_t(t0 + 16 * v)) * 4);
+      lo[v] = _mm512_and_si512(x, nib);
+      hi[v] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
     }
   }
   // score_tile with 8-bit queries, over T tiles of 16 tokens from t0 (bits
   // of m): q8 is (NQ, head_dim) int8, read as (NQ, quads) four-channel words.
-  // Two tiles share each query broadcast and each pair of row loads.
+  // Up to four tiles (64 tokens) share each query broadcast.
   template <int NQ, int T>
-  static void score_tiles_bytes(const uint8_t* head, int bs, int quads, int t0, __mmask32 m, const int32_t* q8,
+  static void score_tiles_bytes(const uint8_t* head, int bs, int quads, int t0, __mmask64 m, const int32_t* q8,
                                 const float* step, const float* bias, float scale, float* scores, int stride) {
-    // Two sums per (tile, query), even and odd quads: one chain would be
-    // bound by the dot products' latency.
-    __m512i acc[2][T][NQ];
+    // Separate sums for even and odd quads (an octet's low and high nibbles)
+    // while there are fewer than four tiles: fewer chains would be bound by
+    // the dot products' latency. Four tiles have twelve chains for three
+    // queries, and no registers for twice as many.
+    constexpr int K = T >= 4 ? 1 : 2;
+    __m512i acc[K][T][NQ];
     #pragma GCC unroll 8
-    for (int v = 0; v < T; ++v)
+    for (int k = 0; k < K; ++k)
       #pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i) acc[0][v][i] = acc[1][v][i] = _mm512_setzero_si512();
-    for (int g = 0; g < quads; g += 2) {
+      for (int v = 0; v < T; ++v)
+        #pragma GCC unroll 8
+        for (int i = 0; i < NQ; ++i) acc[k][v][i] = _mm512_setzero_si512();
+    for (int g = 0; g < quads; g += 2) {  // quads is even: whole octets
+      __m512i x[2][T];
+      load_octet<T>(head, bs, g / 2, t0, m, x[0], x[1]);
       #pragma GCC unroll 2
-      for (int k = 0; k < 2; ++k) {
-        if (g + k == quads) break;  // an odd quad count
-        __m512i x[T];
-        load_quads<T>(head, bs, g + k, t0, m, x);
+      for (int k = 0; k < 2; ++k)
         #pragma GCC unroll 8
         for (int i = 0; i < NQ; ++i) {
           const __m512i qi = _mm512_set1_epi32(q8[i * quads + g + k]);
-          #pragma GCC unroll 2
-          for (int v = 0; v < T; ++v) acc[k][v][i] = _mm512_dpbusd_epi32(acc[k][v][i], x[v], qi);
+          #pragma GCC unroll 4
+          for (int v = 0; v < T; ++v) acc[k % K][v][i] = _mm512_dpbusd_epi32(acc[k % K][v][i], x[k][v], qi);
         }
-      }
     }
-    #pragma GCC unroll 2
+    #pragma GCC unroll 4
     for (int v = 0; v < T; ++v) {
       const __mmask16 lanes = __mmask16(m >> (16 * v));
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0][v][i], acc[1][v][i]));
+        __m512i total = acc[0][v][i];
+        if constexpr (K == 2) total = _mm512_add_epi32(total, acc[1][v][i]);
+        const __m512 sum = _mm512_cvtepi32_ps(total);
         const __m512 dot = _mm512_fmadd_ps(sum, _mm512_set1_ps(step[i]), _mm512_set1_ps(bias[i]));
         _mm512_mask_storeu_ps(scores + size_t(i) * stride + t0 + 16 * v, lanes, _mm512_mul_ps(_mm512_set1_ps(scale), dot));
       }
@@ -634,19 +671,22 @@ class ChannelCodec final : public KvCodec {
         else
           fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, f.q16 + size_t(i) * hd);
       });
+      if (!bytes && octets_) order_pairs(f.q16, n_q, hd);
       const int t1 = std::min(n, (tg + 1) * group_);
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
       if (bytes) {
         const int quads = hd / 4;
-        for (int t0 = tg * group_; t0 < t1; t0 += 32) {
-          const int nt = std::min(32, t1 - t0);
-          const __mmask32 m = nt >= 32 ? ~__mmask32(0) : __mmask32((1u << nt) - 1);
+        for (int t0 = tg * group_; t0 < t1; t0 += 64) {
+          const int nt = std::min(64, t1 - t0);
+          const __mmask64 m = nt >= 64 ? ~__mmask64(0) : (__mmask64(1) << nt) - 1;
           by_query_groups(n_q, [&](auto nq, int i) {
             auto tiles = [&](auto kernel) {
               kernel(head, bs, quads, t0, m, f.pairs + size_t(i) * quads, step + i, bias + i, scale,
                      scores + size_t(i) * stride, stride);
             };
-            if (nt > 16) tiles(score_tiles_bytes<nq.value, 2>);
+            if (nt > 48) tiles(score_tiles_bytes<nq.value, 4>);
+            else if (nt > 32) tiles(score_tiles_bytes<nq.value, 3>);
+            else if (nt > 16) tiles(score_tiles_bytes<nq.value, 2>);
             else tiles(score_tiles_bytes<nq.value, 1>);
           });
         }
@@ -657,7 +697,7 @@ class ChannelCodec final : public KvCodec {
         const __mmask16 m = lanes(t1 - t0);
         by_query_groups(n_q, [&](auto nq, int i) {
           score_tile<nq.value>(head, bs, pairs, t0, m, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
-                               scores + size_t(i) * stride, stride);
+                               scores + size_t(i) * stride, stride, octets_);
         });
       }
     }
@@ -685,11 +725,11 @@ class ChannelCodec final : public KvCodec {
         const __mmask16 m = lanes(t1 - t0);
         for (int p = 0; p < pairs; p += kPairsPerLoad) {
           __m512i x[kPairsPerLoad];
-          load_pairs(head, bs, p, t0, m, x);
+          load_pairs(head, bs, p, t0, m, x, octets_);
           for (int k = 0; k < kPairsPerLoad; ++k) {
-            const int c = 2 * (p + k);
-            _mm512_storeu_ps(codes + size_t(c) * 16, _mm512_cvtepi32_ps(_mm512_and_si512(x[k], _mm512_set1_epi32(0xFFFF))));
-            _mm512_storeu_ps(codes + size_t(c + 1) * 16, _mm512_cvtepi32_ps(_mm512_srli_epi32(x[k], 16)));
+            const auto [c0, c1] = pair_channels(p + k, octets_);
+            _mm512_storeu_ps(codes + size_t(c0) * 16, _mm512_cvtepi32_ps(_mm512_and_si512(x[k], _mm512_set1_epi32(0xFFFF))));
+            _mm512_storeu_ps(codes + size_t(c1) * 16, _mm512_cvtepi32_ps(_mm512_srli_epi32(x[k], 16)));
           }
         }
         for (int i = 0; i < n_q; ++i) {
@@ -793,20 +833,40 @@ class ChannelCodec final : public KvCodec {
   // The code of row channel d of token slot, wherever the layout keeps it.
   int get(const uint8_t* block, int slot, int d) const {
     if (!channel_major_) return get_code<B>(code_row(block, slot, d / shape_.head_dim), index(d));
-    const int c = d % shape_.head_dim;
-    return (*channel_byte(block, slot, d) >> ((c % (8 / B)) * B)) & ((1 << B) - 1);
+    return (*channel_byte(block, slot, d) >> channel_shift(d % shape_.head_dim)) & ((1 << B) - 1);
   }
   void put(uint8_t* block, int slot, int d, int code) const {
     if (!channel_major_) return set_code<B>(code_row(block, slot, d / shape_.head_dim), index(d), code);
-    const int shift = (d % shape_.head_dim % (8 / B)) * B;
+    const int shift = channel_shift(d % shape_.head_dim);
     uint8_t& byte = *channel_byte(block, slot, d);
     byte = uint8_t((byte & ~(((1 << B) - 1) << shift)) | (code << shift));
   }
-  // Channel-major: the byte holding row channel d of token slot.
+  // Channel-major: the byte holding row channel d of token slot, and where
+  // head channel c sits in its byte.
   template <class P>
   P* channel_byte(P* block, int slot, int d) const {
-    const int hd = shape_.head_dim;
-    return block + size_t(d / hd) * head_bytes_ + size_t((d % hd) / (8 / B)) * size_t(shape_.block_size) + size_t(slot);
+    const int hd = shape_.head_dim, c = d % hd;
+    P* head = block + size_t(d / hd) * head_bytes_;
+    if (octets_) return head + (size_t(c / 8) * size_t(shape_.block_size) + size_t(slot)) * 4 + size_t(c % 4);
+    return head + size_t(c / (8 / B)) * size_t(shape_.block_size) + size_t(slot);
+  }
+  int channel_shift(int c) const { return octets_ ? (c % 8) / 4 * 4 : (c % (8 / B)) * B; }
+  // The two channels of a 16-bit pair vector p (load_pairs): 2p and 2p + 1,
+  // or, in the octet layout, the low and high nibble of byte p % 4 of octet p / 4.
+  static std::pair<int, int> pair_channels(int p, bool oct) {
+    if (!oct) return {2 * p, 2 * p + 1};
+    const int c = 8 * (p / 4) + p % 4;
+    return {c, c + 4};
+  }
+  // Folded queries (n_q, hd) int16 put in pair_channels order for the octet layout.
+  static void order_pairs(int16_t* q16, int n_q, int hd) {
+    for (int i = 0; i < n_q; ++i)
+      for (int o = 0; o < hd; o += 8) {
+        int16_t* x = q16 + size_t(i) * hd + o;
+        int16_t nat[8];
+        std::copy_n(x, 8, nat);
+        for (int j = 0; j < 4; ++j) x[2 * j] = nat[j], x[2 * j + 1] = nat[j + 4];
+      }
   }
   // The (scale, min) pair of channel d for token group tg; the pairs of one
   // head's channels are contiguous.
@@ -868,6 +928,7 @@ class ChannelCodec final : public KvCodec {
   size_t code_bytes_;  // packed codes of one token row
   bool head_major_;
   bool channel_major_;  // head-major codes stored (channel byte, token)
+  bool octets_;         // ... 4-bit, as (octet, token, byte): the octet layout
   size_t head_code_bytes_;  // packed codes of one head of one token (head-major)
   size_t head_bytes_;       // codes + metadata of one head for the whole block (head-major)
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static

@@ -383,7 +383,7 @@ size_t KvCache::block_record_bytes() const {
 }
 
 uint64_t KvCache::block_codec_hash() const {
-  std::string desc = fmt::format("kvblock/v1 bs={} kv_heads={} head_dim={} layers={}", options_.block_size,
+  std::string desc = fmt::format("kvblock/v2 bs={} kv_heads={} head_dim={} layers={}", options_.block_size,
                                  n_kv_heads_, head_dim_, layers_.size());
   for (const auto& l : layers_) {
     for (const KvCodec* c : {l.k.get(), l.v.get()}) {

@@ -26,8 +26,14 @@
 //   channel groups        codes (block_size, head_dim), then per token group
 //                         (of group_size tokens) a pair per channel:
 //                         (block_size / group_size, head_dim) pairs (KIVI's
-//                         layout for keys). Otherwise codes (block_size,
-//                         kv_dim) rows, then (token group, kv_dim) pairs
+//                         layout for keys). Dynamic post-RoPE groups store
+//                         the codes channel-major instead (byte row per
+//                         channel byte, across the block's tokens); 4-bit
+//                         heads of whole octets as (octet, token, 4 bytes),
+//                         byte j = channels 8o + j (low nibble) and
+//                         8o + j + 4 (high): kv/channel_codec.cpp. Otherwise
+//                         codes (block_size, kv_dim) rows, then (token
+//                         group, kv_dim) pairs
 //   static scales       as channel groups without per-group metadata: fixed
 //                         per-channel ranges from calibration live in the codec
 //   q4_0 (llama.cpp)    blocks of 32 consecutive values, each an fp16 scale d
