@@ -47,7 +47,8 @@ static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 // octet, and one AND (channels 8o .. 8o + 3) or one shift and AND
 // (8o + 4 .. 8o + 7) gives the four-codes-per-lane vector vpdpbusd takes:
 // half the instructions of unpacking two byte rows with a permute and a
-// multishift (BENCHMARKS.md, "The octet layout for 4-bit keys").
+// multishift (BENCHMARKS.md, "The instruction floor, and the octet layout
+// for 4-bit keys").
 template <int B>
 class ChannelCodec final : public KvCodec {
  public:
