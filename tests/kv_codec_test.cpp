@@ -279,7 +279,11 @@ TEST(KvCodec, ScoreAndAccumulateMatchReference) {
 // partial blocks of odd length, and GQA groups that need several passes.
 std::vector<Case> model_cases() {
   std::vector<Case> cases;
-  const KvBlockShape shapes[] = {{16, 8, 64}, {32, 2, 128}, {16, 4, 32}, {64, 2, 64}};
+  // The last seven reach the 8-bit query kernel's three-tile and second-call
+  // paths (44, 128), AVX2 tails (20, 12, 36 tokens), and 4-bit heads that are
+  // not whole octets (12 channels, which keep byte rows) or end in one (40).
+  const KvBlockShape shapes[] = {{16, 8, 64}, {32, 2, 128}, {16, 4, 32}, {64, 2, 64},  {44, 2, 64}, {128, 2, 64},
+                                 {20, 2, 64}, {16, 2, 12},  {12, 3, 8},  {48, 2, 40}, {36, 2, 12}};
   for (const KvBlockShape& s : shapes) {
     for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::Q4_0}) cases.push_back({{t}, s});
     for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
@@ -288,7 +292,7 @@ std::vector<Case> model_cases() {
         cases.push_back({{t, KvGrouping::Token, g, {}, {}}, s});
       }
       // 32: two key groups per 64-token block for the 8-bit query kernel (groups of 32+ tokens).
-      for (int g : {0, 8, 32})
+      for (int g : {0, 8, 32, 12, 4})
         if (g < s.block_size) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
       for (KvCodecConfig c8 : {KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Token, 16, {}, {}},
                                KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Channel, 8, {}, {}}}) {
@@ -302,7 +306,17 @@ std::vector<Case> model_cases() {
       cases.push_back({st, s});
     }
   }
-  return cases;
+  // The odd shapes make some combinations invalid (a group not dividing the
+  // block or the row); ParsesNamesAndRejectsBadCombinations covers those.
+  std::vector<Case> ok;
+  for (const Case& c : cases) {
+    try {
+      make_kv_codec(c.config, c.shape);
+      ok.push_back(c);
+    } catch (const Error&) {
+    }
+  }
+  return ok;
 }
 
 // A full block of one KV head's rows x whose codes are the intended ones
@@ -394,9 +408,9 @@ TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
     const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
     std::vector<float> x = sample_rows(bs, kv_dim, 5);
     std::vector<uint8_t> block(codec->block_bytes());
-    for (int n : {bs, bs - 1, 5, 1}) {
+    for (int n : {bs, bs - 1, 5, 1, bs * 13 / 16, bs * 5 / 8 + 1}) {
       codec->encode_block(block.data(), x.data(), n);
-      for (int n_q : {1, 3, 4, 5, 8}) {
+      for (int n_q : {1, 2, 3, 4, 5, 8}) {
         const int stride = bs + 3;
         std::vector<float> q = sample_rows(n * n_q, hd, 6);  // (n, n_q, hd): per-token queries
         for (int h = 0; h < c.shape.n_kv_heads; h += std::max(1, c.shape.n_kv_heads - 1)) {

@@ -122,8 +122,9 @@ void BlockHasher::extend(const BlockKey& root, std::span<const int32_t> tokens, 
 
 std::string kv_cache_identity(const KvCache& cache, std::string_view model_id) {
   // layout: bumped whenever a codec's bytes change meaning (2: channel-grouped
-  // codes stored channel-major), so tiers refuse blocks an older build wrote.
-  std::string out = fmt::format("model={}\nblock_size={}\nresidual={}\nlayout=2\n", model_id, cache.block_size(),
+  // codes stored channel-major; 3: 4-bit ones in octets), so an older build's
+  // blocks have other keys in every tier instead of failing their codec check.
+  std::string out = fmt::format("model={}\nblock_size={}\nresidual={}\nlayout=3\n", model_id, cache.block_size(),
                                 cache.residual());
   auto codec = [&out](const KvCodec& c) {
     out += c.config().describe();

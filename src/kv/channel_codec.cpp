@@ -9,13 +9,13 @@ namespace int_codec {
 
 // Whether ChannelCodec scores these keys against an 8-bit query
 // (score_tiles_bytes): 4-bit dynamic post-RoPE channel groups, on AVX-512
-// VNNI + VBMI builds, heads of whole octets (the octet layout below), and
+// VNNI builds, heads of whole octets (the octet layout below), and
 // only where a fold serves 32 tokens or more: with
 // 16-token groups the 8-bit fold's extra rounding work outweighs the halved
 // dot products (a 16K layer of int4 in 16-token blocks on one thread: 1.79
 // vs 1.60-1.69 ms; BENCHMARKS.md).
 static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int group = c.group_size > 0 ? c.group_size : s.block_size;
   return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && !c.pre_rope &&
          s.head_dim % 8 == 0 && group >= 32;
@@ -503,7 +503,7 @@ class ChannelCodec final : public KvCodec {
   // NQ queries (NQ, hd) folded with the channel scales: folded = round(q_c
   // scale_c / step), step = max_c |q_c scale_c| / qmax, and bias = sum_c q_c
   // min_c. The queries go side by side so that their reductions overlap.
-  // Out: int16_t (score_tile) or int8_t (score_tile_bytes).
+  // Out: int16_t (score_tile) or int8_t (score_tiles_bytes).
   template <int NQ, class Out>
   static void fold_queries(const float* q, int hd, const float* sc, const float* mn, float qmax, float* step,
                            float* bias, Out* folded) {
@@ -584,7 +584,7 @@ class ChannelCodec final : public KvCodec {
     }
   }
 
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   // 4-bit keys against a query folded to 8 bits: vpdpbusd multiplies four
   // unsigned code bytes by four signed query bytes per 32-bit lane, so one
   // instruction covers 4 channels of 16 tokens per query, twice the
@@ -674,7 +674,7 @@ class ChannelCodec final : public KvCodec {
       });
       if (!bytes && octets_) order_pairs(f.q16, n_q, hd);
       const int t1 = std::min(n, (tg + 1) * group_);
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
       if (bytes) {
         const int quads = hd / 4;
         for (int t0 = tg * group_; t0 < t1; t0 += 64) {
@@ -935,7 +935,7 @@ class ChannelCodec final : public KvCodec {
   std::vector<float> static_scale_, static_min_, static_max_;  // (kv_dim) when static
   bool simd_ = false;
   bool channel_major_simd_ = false;  // channel_major_ with the integer kernels below
-  bool byte_dots_ = false;           // ... scoring with 8-bit queries (score_tile_bytes)
+  bool byte_dots_ = false;           // ... scoring with 8-bit queries (score_tiles_bytes)
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
 #if defined(__AVX512F__)
   simd::LaneRopeRows<simd::Lanes<B>> rope_rows_;  // score_offsets' rotations
