@@ -310,7 +310,8 @@ BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 // independent chains, so latency does not bound it). The integer attention
 // kernels' floor follows: int4-small needs six vpdpbusd per token and KV
 // head (three queries x 64 channels, keys and values), before unpacking
-// codes, folds and softmax (BENCHMARKS.md, "The instruction floor").
+// codes, folds and softmax (BENCHMARKS.md, "The instruction floor, and the
+// octet layout for 4-bit keys").
 void BM_InstructionRate(benchmark::State& state) {
   constexpr int64_t kAdds = 100'000'000, kRounds = 10'000'000, kChains = 12;
   double add_ns = 0, dot_ns = 0;

@@ -278,13 +278,8 @@ TEST(KvCodec, ScoreAndAccumulateMatchReference) {
 // groups, channel groups, static scales, blocks longer than one 16-token tile,
 // partial blocks of odd length, and GQA groups that need several passes.
 std::vector<Case> model_cases() {
-  std::vector<Case> cases;
-  // The last seven reach the 8-bit query kernel's three-tile and second-call
-  // paths (44, 128), AVX2 tails (20, 12, 36 tokens), and 4-bit heads that are
-  // not whole octets (12 channels, which keep byte rows) or end in one (40).
-  const KvBlockShape shapes[] = {{16, 8, 64}, {32, 2, 128}, {16, 4, 32}, {64, 2, 64},  {44, 2, 64}, {128, 2, 64},
-                                 {20, 2, 64}, {16, 2, 12},  {12, 3, 8},  {48, 2, 40}, {36, 2, 12}};
-  for (const KvBlockShape& s : shapes) {
+  // Every layout at one shape, with the given channel groups.
+  auto add_shape = [](std::vector<Case>& cases, const KvBlockShape& s, std::initializer_list<int> channel_groups) {
     for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::Q4_0}) cases.push_back({{t}, s});
     for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
       for (int g : {0, 4, 16, 2 * s.head_dim}) {
@@ -292,7 +287,7 @@ std::vector<Case> model_cases() {
         cases.push_back({{t, KvGrouping::Token, g, {}, {}}, s});
       }
       // 32: two key groups per 64-token block for the 8-bit query kernel (groups of 32+ tokens).
-      for (int g : {0, 8, 32, 12, 4})
+      for (int g : channel_groups)
         if (g < s.block_size) cases.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
       for (KvCodecConfig c8 : {KvCodecConfig{t, KvGrouping::Token, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Token, 16, {}, {}},
                                KvCodecConfig{t, KvGrouping::Channel, 0, {}, {}}, KvCodecConfig{t, KvGrouping::Channel, 8, {}, {}}}) {
@@ -305,18 +300,34 @@ std::vector<Case> model_cases() {
       for (int d = 0; d < s.kv_dim(); ++d) st.static_max[size_t(d)] += float(d % 5);  // distinct channels
       cases.push_back({st, s});
     }
+  };
+  // Every combination at these shapes is valid: a codec that refuses one
+  // fails the test.
+  std::vector<Case> cases, extra;
+  for (const KvBlockShape& s : {KvBlockShape{16, 8, 64}, KvBlockShape{32, 2, 128}, KvBlockShape{16, 4, 32},
+                                KvBlockShape{64, 2, 64}}) {
+    add_shape(cases, s, {0, 8, 32});
+    for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2})
+      for (int g : {12, 4}) extra.push_back({{t, KvGrouping::Channel, g, {}, {}}, s});
   }
-  // The odd shapes make some combinations invalid (a group not dividing the
-  // block or the row); ParsesNamesAndRejectsBadCombinations covers those.
-  std::vector<Case> ok;
-  for (const Case& c : cases) {
+  // These reach the 8-bit query kernel's three-tile and second-call paths
+  // (44, 128 tokens), AVX2 tails (20, 12, 36), and 4-bit heads that are not
+  // whole octets (12 channels, which keep byte rows) or end in one (40).
+  // Some of their combinations (and of the extra channel groups above) are
+  // invalid, a group not dividing the block or the row; they are dropped
+  // here, and ParsesNamesAndRejectsBadCombinations covers them.
+  for (const KvBlockShape& s : {KvBlockShape{44, 2, 64}, KvBlockShape{128, 2, 64}, KvBlockShape{20, 2, 64},
+                                KvBlockShape{16, 2, 12}, KvBlockShape{12, 3, 8}, KvBlockShape{48, 2, 40},
+                                KvBlockShape{36, 2, 12}})
+    add_shape(extra, s, {0, 8, 32, 12, 4});
+  for (const Case& c : extra) {
     try {
       make_kv_codec(c.config, c.shape);
-      ok.push_back(c);
+      cases.push_back(c);
     } catch (const Error&) {
     }
   }
-  return ok;
+  return cases;
 }
 
 // A full block of one KV head's rows x whose codes are the intended ones

@@ -298,30 +298,28 @@ class ChannelCodec final : public KvCodec {
       for (int i = 0; i < NQ; ++i)
         acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
     };
-    if constexpr (B == 4) {
-      if (oct) {
-        for (int p = 0; p < pairs; p += 4) {
-          const __m256i v = load_octet8(head, bs, p / 4, t0, nt);
-          for (int j = 0; j < 4; ++j) {  // byte j: low nibble in bits 0-3, high nibble to bits 16-19
-            const __m256i b = _mm256_srli_epi32(v, 8 * j);
-            add(_mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0xF)),
-                                _mm256_and_si256(_mm256_slli_epi32(b, 12), _mm256_set1_epi32(0xF0000))), p + j);
-          }
+    if (B == 4 && oct) {
+      for (int p = 0; p < pairs; p += 4) {
+        const __m256i v = load_octet8(head, bs, p / 4, t0, nt);
+        for (int j = 0; j < 4; ++j) {  // byte j: low nibble in bits 0-3, high nibble to bits 16-19
+          const __m256i b = _mm256_srli_epi32(v, 8 * j);
+          add(_mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0xF)),
+                              _mm256_and_si256(_mm256_slli_epi32(b, 12), _mm256_set1_epi32(0xF0000))), p + j);
         }
       }
-    }
-    const int row_pairs = B == 4 && oct ? 0 : pairs;  // the byte-row layouts
-    for (int p = 0; p < row_pairs; p += B == 2 ? 2 : 1) {
-      if constexpr (B == 8) {
-        add(_mm256_or_si256(load_pairs8(head, bs, 2 * p, t0, nt),
-                            _mm256_slli_epi32(load_pairs8(head, bs, 2 * p + 1, t0, nt), 16)), p);
-      } else if constexpr (B == 4) {
-        const __m256i b = load_pairs8(head, bs, p, t0, nt);
-        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 12)), _mm256_set1_epi32(0x000F000F)), p);
-      } else {
-        const __m256i b = load_pairs8(head, bs, p / 2, t0, nt), m = _mm256_set1_epi32(0x00030003);
-        add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 14)), m), p);
-        add(_mm256_and_si256(_mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(b, 10)), m), p + 1);
+    } else {  // the byte-row layouts
+      for (int p = 0; p < pairs; p += B == 2 ? 2 : 1) {
+        if constexpr (B == 8) {
+          add(_mm256_or_si256(load_pairs8(head, bs, 2 * p, t0, nt),
+                              _mm256_slli_epi32(load_pairs8(head, bs, 2 * p + 1, t0, nt), 16)), p);
+        } else if constexpr (B == 4) {
+          const __m256i b = load_pairs8(head, bs, p, t0, nt);
+          add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 12)), _mm256_set1_epi32(0x000F000F)), p);
+        } else {
+          const __m256i b = load_pairs8(head, bs, p / 2, t0, nt), m = _mm256_set1_epi32(0x00030003);
+          add(_mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 14)), m), p);
+          add(_mm256_and_si256(_mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(b, 10)), m), p + 1);
+        }
       }
     }
     for (int i = 0; i < NQ; ++i) {
