@@ -79,6 +79,15 @@ std::vector<Case> all_cases() {
       c.scale_bits = 8;
       cases.push_back({c, KvBlockShape{64, 2, 64}});
     }
+  // The int2 presets' keys: channel-major like post-RoPE keys, stored
+  // rotated within 16-token RoPE spans (score is then every span at once).
+  for (KvDType t : {KvDType::INT4, KvDType::INT2}) {
+    KvCodecConfig c{t, KvGrouping::Channel, 0, {}, {}};
+    c.scale_bits = 8;
+    c.pre_rope = true;
+    c.rope_span = 16;
+    cases.push_back({c, KvBlockShape{64, 2, 64}});
+  }
   return cases;
 }
 
@@ -526,6 +535,76 @@ TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
   EXPECT_EQ(scores[0], -7.0f);
 }
 
+// Keys in RoPE spans are scored one span at a time, each with its own query
+// set (score_span): the span's scores equal score_reference's and the rest
+// of each row is left alone. Channel codecs run their channel-major kernels
+// from the span's first token (mid-tile, mid-group); the others take
+// KvCodec's default.
+TEST(KvCodec, SpanScoresMatchReferenceAndLeaveTheRestAlone) {
+  std::vector<Case> cases;
+  for (const KvBlockShape& s : {KvBlockShape{64, 2, 64}, KvBlockShape{32, 4, 8}, KvBlockShape{16, 2, 12}})
+    for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2})
+      for (int bits : {16, 8})
+        for (int span : {4, 16}) {
+          // Spans within a channel group, and spans over several (16-token blocks, 4-token groups).
+          KvCodecConfig c{t, KvGrouping::Channel, s.block_size == 64 ? 32 : s.block_size == 16 ? 4 : 0, {}, {}};
+          c.pre_rope = true;
+          c.rope_span = span;
+          c.scale_bits = bits;
+          cases.push_back({c, s});
+        }
+  KvCodecConfig f16{KvDType::F16}, tokens{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
+  f16.pre_rope = tokens.pre_rope = true;
+  f16.rope_span = 16;
+  tokens.rope_span = 8;
+  cases.push_back({f16, KvBlockShape{32, 2, 64}});
+  cases.push_back({tokens, KvBlockShape{32, 2, 64}});
+  for (const Case& c : cases) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size, span = c.config.rope_span;
+    const std::vector<float> x = sample_rows(bs, kv_dim, 21);
+    std::vector<uint8_t> block(codec->block_bytes());
+    for (int n : {bs, bs - 3}) {
+      codec->encode_block(block.data(), x.data(), n);
+      const int n_q = 3, stride = bs + 2;
+      for (int h = 0; h < c.shape.n_kv_heads; ++h)
+        for (int begin = 0; begin < n; begin += span) {
+          const int end = std::min(n, begin + span);
+          const std::vector<float> q = sample_rows(n_q, hd, uint32_t(30 + begin));
+          std::vector<float> got(size_t(n_q) * stride, -7.0f), ref(got.size());
+          codec->score_span(q.data(), n_q, block.data(), begin, end, h, 0.3f, got.data(), stride);
+          score_reference(*codec, q.data(), n_q, block.data(), end, h, 0.3f, ref.data(), stride);
+          for (int i = 0; i < n_q; ++i)
+            for (int t = 0; t < stride; ++t) {
+              const float g = got[size_t(i * stride + t)], r = ref[size_t(i * stride + t)];
+              if (t < begin || t >= end) {
+                ASSERT_EQ(g, -7.0f) << name(c) << " wrote token " << t << " outside [" << begin << ", " << end << ")";
+                continue;
+              }
+              ASSERT_NEAR(g, r, 1e-4 * (1 + std::fabs(r)) + folded_query_error(*codec, q.data() + size_t(i) * hd,
+                                                                              block.data(), end, h, 0.3f))
+                  << name(c) << " n " << n << " head " << h << " token " << t;
+            }
+        }
+      // score_spans: every span at once, each against its own query set,
+      // exactly as span by span.
+      for (int h = 0; h < c.shape.n_kv_heads; ++h) {
+        const int n_q = 3, stride = bs;
+        std::vector<float> q_spans, all(size_t(n_q) * stride), one(all.size());
+        for (int begin = 0; begin < n; begin += span) {
+          const std::vector<float> q = sample_rows(n_q, hd, uint32_t(30 + begin));
+          q_spans.insert(q_spans.end(), q.begin(), q.end());
+          codec->score_span(q.data(), n_q, block.data(), begin, std::min(n, begin + span), h, 0.3f, one.data(), stride);
+        }
+        codec->score_spans(q_spans.data(), n_q, block.data(), n, span, h, 0.3f, all.data(), stride);
+        for (int i = 0; i < n_q; ++i)
+          for (int t = 0; t < n; ++t)
+            ASSERT_EQ(all[size_t(i * stride + t)], one[size_t(i * stride + t)]) << name(c) << " n " << n << " token " << t;
+      }
+    }
+  }
+}
+
 // Head-major layouts: everything stored for KV head h (codes and metadata, all
 // tokens) lies in the h-th of n_kv_heads equal slices of the block, so changing
 // only head h's values changes only bytes there. Token groups spanning heads
@@ -657,6 +736,17 @@ TEST(KvCodec, ParsesNamesAndRejectsBadCombinations) {
   std::vector<uint8_t> block(codec->block_bytes());
   std::vector<float> x(size_t(s.kv_dim()), 1.0f);
   EXPECT_THROW(codec->encode_token(block.data(), 0, x.data()), Error);
+  // RoPE spans: for pre-RoPE keys only, at least a token, dividing the block.
+  KvCodecConfig spans{KvDType::INT2, KvGrouping::Channel, 0, {}, {}};
+  spans.rope_span = 8;
+  EXPECT_THROW(make_kv_codec(spans, s), Error);
+  spans.pre_rope = true;
+  EXPECT_NO_THROW(make_kv_codec(spans, s));
+  EXPECT_EQ(spans.describe(), "int2/channel/g0+prerope8");
+  spans.rope_span = 3;
+  EXPECT_THROW(make_kv_codec(spans, s), Error);
+  spans.rope_span = 0;
+  EXPECT_THROW(make_kv_codec(spans, s), Error);
 }
 
 }  // namespace

@@ -97,6 +97,21 @@ TEST(KvPreset, IntegerPresetsPickTheirBlockSizeUnlessTheUserChose) {
   apply_kv_preset(kept, "int4", /*keep_block_size=*/true);
   EXPECT_EQ(kept.block_size, 8);
   EXPECT_EQ(kept.residual, 16);
+  EXPECT_FALSE(kept.k.pre_rope);
+  // The int2 presets' keys: before RoPE, rotated within 16-token spans, or
+  // spans that divide a smaller block the user chose.
+  for (const auto& [block, span] : {std::pair{16, 16}, std::pair{8, 8}, std::pair{24, 8}}) {
+    for (const std::string name : {"int2", "int2-small"}) {
+      KvCacheOptions o;
+      o.block_size = block;
+      apply_kv_preset(o, name, /*keep_block_size=*/true);
+      EXPECT_TRUE(o.k.pre_rope) << name;
+      EXPECT_EQ(o.k.rope_span, span) << name << " block " << block;
+    }
+  }
+  KvCacheOptions int2;
+  apply_kv_preset(int2, "int2");
+  EXPECT_EQ(int2.k.rope_span, 16);
   for (const std::string name : {"fp32", "fp16"}) {
     KvCacheOptions o;
     o.block_size = 16;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "attention_test_support.h"
@@ -43,11 +44,22 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
   KvCodecConfig f16_pre{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
   f16_pre.pre_rope = true;
   codecs.push_back({f16_pre, {KvDType::F16}});
+  // Keys rotated within RoPE spans (the int2 presets' keys): channel codecs
+  // score each span with its own query set (score_span), the others take
+  // the default; FP16 staging blocks too. Spans shrink to divide the block.
+  for (auto [t, span] : {std::pair{KvDType::INT2, 16}, std::pair{KvDType::INT4, 8}, std::pair{KvDType::F32, 4}}) {
+    KvCodecConfig spans{t, t == KvDType::F32 ? KvGrouping::Token : KvGrouping::Channel, 0, {}, {}};
+    spans.pre_rope = true;
+    spans.rope_span = span;
+    spans.scale_bits = t == KvDType::INT2 ? 8 : 16;
+    codecs.push_back({spans, {KvDType::INT2}});
+  }
   for (const auto& [kc, vc] : codecs) {
     for (int bs : {1, 5, 16, 32}) {  // 32: 4-bit channel keys take the 8-bit query kernel
       KvCacheOptions o;
       o.block_size = bs;
       o.k = kc;
+      o.k.rope_span = std::gcd(kc.rope_span, bs);
       o.v = vc;
       o.residual = 2 * bs;
       o.num_blocks = 200 / bs + 8;
@@ -101,8 +113,10 @@ std::vector<float> reference_reading(const KvCache& cache, int layer, const Bloc
       if (!read(t)) continue;
       const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
       kb.codec->decode_token(kb.data, t % bs, k.data());
-      if (cache.k_pre_rope(layer))  // stored before RoPE: rotate to the key's position
-        rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim, cache.key_rope_position(table, layer, kv_head, t),
+      if (cache.k_pre_rope(layer))  // stored before RoPE (or within a span): rotate to the key's position
+        rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
+             cache.key_rope_position(table, layer, kv_head, t) -
+                 cache.slot_position(table, layer, kv_head, t) % cache.k_rope_span(layer),
              cache.rope_theta());
       double dot = 0;
       for (int d = 0; d < head_dim; ++d) dot += double(q[size_t(i * head_dim + d)]) * k[size_t(kv_head * head_dim + d)];
@@ -147,8 +161,10 @@ TEST(PagedAttention, SparseReadsMatchReference) {
       {{KvDType::Q4_0}, {KvDType::INT8}},
   };
   KvCodecConfig f32_pre{KvDType::F32}, int2_pre{KvDType::INT2, KvGrouping::Channel, 0, {}, {}};
-  f32_pre.pre_rope = int2_pre.pre_rope = true;  // the int2 preset's keys
+  f32_pre.pre_rope = int2_pre.pre_rope = true;
   codecs.push_back({f32_pre, {KvDType::F32}});
+  codecs.push_back({int2_pre, {KvDType::INT2, KvGrouping::Token, 0, {}, {}}});
+  int2_pre.rope_span = 16;  // the int2 presets' keys: after an eviction each key's query is its own
   codecs.push_back({int2_pre, {KvDType::INT2, KvGrouping::Token, 0, {}, {}}});
   const int n_ctx = 300, layer = 1;
   for (const auto& [kc, vc] : codecs)

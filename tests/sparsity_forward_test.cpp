@@ -50,11 +50,18 @@ class StoriesSparsity : public ::testing::Test {
     return all;
   }
 
-  KvCacheOptions kv_options(bool pre_rope = false) const {
+  KvCacheOptions kv_options(bool pre_rope = false, int rope_span = 1) const {
     KvCacheOptions o;
     o.num_blocks = 40;
     o.k.pre_rope = pre_rope;
+    o.k.rope_span = rope_span;
     return o;
+  }
+  static float worst_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float worst = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    return worst;
   }
 
   ThreadPool pool{2};
@@ -81,12 +88,25 @@ TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
   }
 }
 
+// Keys stored before RoPE, or rotated within RoPE spans of 4 or 16 tokens
+// (the int2 presets'), score as keys stored after RoPE: only the rotations'
+// float rounding differs (FP32 keys, so nothing else does).
+TEST_F(StoriesSparsity, KeysBeforeRopeOrInSpansScoreAsKeysAfterRope) {
+  KvCache after(model->config(), kv_options());
+  const std::vector<float> reference = decode_all(after, nullptr);
+  for (int span : {1, 4, 16}) {
+    KvCache cache(model->config(), kv_options(true, span));
+    EXPECT_LE(worst_difference(decode_all(cache, nullptr), reference), 1e-4f) << "span " << span;
+  }
+}
+
 TEST_F(StoriesSparsity, CompactionChangesNoLogit) {
   // Evicted slots are masked at once; compacting them after every eviction
   // (slack 1) or never (slack larger than the text) must not change the
-  // logits: moved tokens keep their positions, scores and bytes.
-  for (bool pre_rope : {false, true}) {
-    KvCache cache(model->config(), kv_options(pre_rope));
+  // logits: moved tokens keep their positions, scores and bytes (keys in
+  // RoPE spans keep the rotation of their position, not of their slot).
+  for (auto [pre_rope, span] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 16}}) {
+    KvCache cache(model->config(), kv_options(pre_rope, span));
     for (const std::string name : {"window", "h2o", "snapkv"}) {
       SparsityOptions eager = policy(name, 12), lazy = policy(name, 12);
       eager.compact_slack = 1;
@@ -96,10 +116,7 @@ TEST_F(StoriesSparsity, CompactionChangesNoLogit) {
       // Equal but for summation order: masked slots sit between live ones in
       // the SIMD reductions of the lazy run (a different keep set would move
       // logits by far more).
-      ASSERT_EQ(la.size(), lb.size());
-      float worst = 0;
-      for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lb[i]));
-      EXPECT_LE(worst, 1e-4f) << name << (pre_rope ? " pre-RoPE keys" : "");
+      EXPECT_LE(worst_difference(la, lb), 1e-4f) << name << (pre_rope ? " pre-RoPE keys, span " + std::to_string(span) : "");
       EXPECT_EQ(a->stats().tokens_evicted, int64_t(tokens.size()) - 12);
       EXPECT_EQ(a->stats().compactions, int64_t(tokens.size()) - 12) << name;
       EXPECT_EQ(b->stats().compactions, 0) << name;
@@ -183,6 +200,34 @@ TEST_F(StoriesSparsity, SinksGenerateFarPastTheContextLength) {
   // The first four positions are still there.
   for (int32_t s = 0; s < 4; ++s) EXPECT_EQ(cache.slot_position(table, 2, 1, s), s);
   cache.release(table);
+}
+
+// Sinks with positions within the cache move keys to new slots and new
+// rotations; keys in RoPE spans keep their stored rotation, so a moved key
+// can sit below it (the query is then rotated forward). Both storages give
+// the same logits all the way past the eviction and compaction.
+TEST_F(StoriesSparsity, SinksOverKeysInSpansMatchKeysBeforeRope) {
+  std::vector<float> runs[2];
+  for (int span : {1, 16}) {
+    KvCacheOptions o = kv_options(true, span);
+    o.num_blocks = 8;
+    KvCache cache(model->config(), o);
+    auto sinks = make_sparsity_policy(policy("sinks", 40), cache);
+    BlockTable table;
+    std::vector<BatchEntry> batch(1);
+    batch[0].table = &table;
+    batch[0].policy = sinks.get();
+    Logits logits;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      ASSERT_TRUE(cache.reserve(table, 1));
+      batch[0].tokens = std::span<const int32_t>(tokens.data() + i, 1);
+      tf->forward(batch, cache, logits);
+      runs[span == 16].insert(runs[span == 16].end(), logits.values.begin(), logits.values.end());
+    }
+    EXPECT_GT(sinks->stats().compactions, 0);
+    cache.release(table);
+  }
+  EXPECT_LE(worst_difference(runs[0], runs[1]), 1e-4f);
 }
 
 TEST_F(StoriesSparsity, EvictingGenerationFreesBlocks) {

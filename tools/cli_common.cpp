@@ -27,6 +27,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_option("--kv-k-scale-bits", o.kv_k_scale_bits, "key scale bits (overrides --kv-scale-bits)");
   cmd.add_option("--kv-v-scale-bits", o.kv_v_scale_bits, "value scale bits (overrides --kv-scale-bits)");
   cmd.add_flag("--kv-k-pre-rope", o.kv_k_pre_rope, "store keys before RoPE (queries are rotated instead)");
+  cmd.add_option("--kv-k-rope-span", o.kv_k_rope_span,
+                 "pre-RoPE keys: tokens sharing one query rotation, each key stored rotated by its offset in the "
+                 "span (divides the block size; 1 = exactly before RoPE; the int2 presets use 16)");
   cmd.add_option("--kv-k-outliers", o.kv_k_outliers, "key values per token kept exactly beside the codes (default 0)");
   cmd.add_option("--kv-v-outliers", o.kv_v_outliers, "value values per token kept exactly beside the codes (default 0)");
   cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
@@ -55,6 +58,10 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
   if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
+  if (o.kv_k_rope_span != 0) {
+    if (o.kv_k_rope_span < 1) fail("--kv-k-rope-span must be >= 1 (got {})", o.kv_k_rope_span);
+    k.k.rope_span = o.kv_k_rope_span;
+  }
   if (o.kv_k_outliers < 0 || o.kv_v_outliers < 0)
     fail("--kv-k-outliers and --kv-v-outliers must be >= 0 (got {}, {})", o.kv_k_outliers, o.kv_v_outliers);
   if (o.kv_k_outliers > 0) k.k.outliers = o.kv_k_outliers;

@@ -27,6 +27,7 @@ struct CommonOptions {
   int32_t kv_group = -1, kv_k_group = -1, kv_v_group = -1;
   int32_t kv_residual = -2;     // -2 = not given
   bool kv_k_pre_rope = false;
+  int kv_k_rope_span = 0;  // 0: not given
   int kv_k_outliers = 0, kv_v_outliers = 0;  // values per token row kept exactly
   int kv_scale_bits = 0;        // 0 = not given
   int kv_k_scale_bits = 0;

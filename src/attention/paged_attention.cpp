@@ -26,14 +26,50 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;  // positions differ from slots
 
   const bool pre_rope = cache.k_pre_rope(layer);
-  if (pre_rope && scratch.rotated.size() < size_t(bs) * group * head_dim)
-    scratch.rotated.resize(size_t(bs) * group * head_dim);
+  if (pre_rope && scratch.rotated.size() < size_t(bs + 1) * group * head_dim)
+    scratch.rotated.resize(size_t(bs + 1) * group * head_dim);
   // The group's queries rotated back to position p, into scratch.rotated.
   auto rotate_block_query = [&](int32_t p) {
     if (p >= cache.rope_table().max_pos()) return false;
     for (int i = 0; i < group; ++i)
       cache.rope_table().rotate_back(q + size_t(i) * head_dim, p, scratch.rotated.data() + size_t(i) * head_dim);
     return true;
+  };
+  // Keys in RoPE spans (KvCodecConfig::rope_span): the key at text position
+  // p is stored rotated by p mod span. While slots are positions (nothing
+  // evicted yet) a span's keys share one query, rotated back to the span's
+  // first position.
+  const int rope_span = pre_rope ? cache.k_rope_span(layer) : 1;
+  const bool spans_aligned = rope_span > 1 && table.slot_positions.empty();
+  // Span s of block b takes the queries rotated back to p = b * bs + s *
+  // span, in two steps: to p's multiple of kCoarse (kept while blocks stay
+  // under it), then by the rest, under kCoarse + bs. Both read rows the
+  // blocks share, which stay in cache; one row per block at its own
+  // position missed it (rotate_back 8-9% of int2-small's step at 16K).
+  constexpr int32_t kCoarse = 1024;
+  const size_t set = size_t(group) * size_t(head_dim);
+  float* coarse_q = scratch.rotated.data() + size_t(bs) * set;  // the queries rotated back by coarse_pos
+  int32_t coarse_pos = -1;
+  auto score_spans = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
+    const int32_t first = b * bs, coarse = first / kCoarse * kCoarse;
+    if (first + n > cache.rope_table().max_pos()) return false;  // the per-key path rewrites the whole block
+    if (coarse != coarse_pos) {
+      cache.rope_table().rotate_back(q, group, coarse, coarse_q);
+      coarse_pos = coarse;
+    }
+    float* sets = scratch.rotated.data();  // (spans, group, head_dim): spans <= bs
+    for (int s0 = 0; s0 < n; s0 += rope_span)
+      cache.rope_table().rotate_back(coarse_q, group, first - coarse + s0, sets + size_t(s0 / rope_span) * set);
+    k.codec->score_spans(sets, group, k.data, n, rope_span, kv_head, scale, block_scores, stride);
+    return true;
+  };
+  // What the query is rotated back by for the key in `slot`: its RoPE
+  // position, less the rotation the key was stored with.
+  auto query_rotation = [&](int32_t slot) {
+    const int32_t pos = moved ? cache.key_rope_position(table, layer, kv_head, slot) : slot;
+    if (rope_span == 1) return std::max(0, pos);
+    const int32_t text_pos = cache.slot_position(table, layer, kv_head, slot);
+    return text_pos < 0 ? 0 : pos - text_pos % rope_span;  // evicted: masked below
   };
   int32_t span = 0;  // columns of the rows in use
   HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); });
@@ -47,7 +83,9 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
-    } else if (!moved && rotate_block_query(b * bs) &&
+    } else if (spans_aligned && score_spans(k, b, n, block_scores)) {
+      // Keys at positions b * bs + t, stored rotated by t mod rope_span.
+    } else if (rope_span == 1 && !moved && rotate_block_query(b * bs) &&
                k.codec->score_offsets(scratch.rotated.data(), group, k.data, n, kv_head, scale, cache.rope_table(),
                                       block_scores, stride)) {
       // Keys at positions b * bs + t: the query rotated back once per block,
@@ -56,10 +94,16 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
       float* rq = scratch.rotated.data();  // (n, group, head_dim)
       for (int t = 0; t < n; ++t) {
-        const int32_t slot = b * bs + t;
-        const int32_t pos = moved ? std::max(0, cache.key_rope_position(table, layer, kv_head, slot)) : slot;
-        for (int i = 0; i < group; ++i)
-          cache.rope_table().rotate_back(q + size_t(i) * head_dim, pos, rq + (size_t(t) * group + i) * head_dim);
+        const int32_t pos = query_rotation(b * bs + t);
+        for (int i = 0; i < group; ++i) {
+          float* out = rq + (size_t(t) * group + i) * head_dim;
+          if (pos >= 0) {
+            cache.rope_table().rotate_back(q + size_t(i) * head_dim, pos, out);
+          } else {  // a key compacted below its stored rotation: rotate the query forward
+            std::copy(q + size_t(i) * head_dim, q + size_t(i + 1) * head_dim, out);
+            rope(out, 1, head_dim, -pos, cache.rope_theta());
+          }
+        }
       }
       k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, block_scores, stride);
     }
@@ -122,9 +166,11 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
       }
       const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
       kb.codec->decode_token(kb.data, t % bs, k.data());
-      if (cache.k_pre_rope(layer))
-        rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim, cache.key_rope_position(table, layer, kv_head, t),
-             cache.rope_theta());
+      if (cache.k_pre_rope(layer)) {  // stored rotated by its text position mod the span (1: not at all)
+        const int32_t stored = cache.slot_position(table, layer, kv_head, t) % cache.k_rope_span(layer);
+        rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
+             cache.key_rope_position(table, layer, kv_head, t) - stored, cache.rope_theta());
+      }
       double dot = 0;
       for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * k[size_t(kv_head * head_dim + d)];
       s[size_t(t)] = dot / std::sqrt(double(head_dim));

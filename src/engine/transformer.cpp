@@ -117,13 +117,21 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (int64_t t = 0; t < n; ++t) rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, lw.attn_norm, dim, c.norm_eps);
     matmul_shared_input({&lw.wq, &lw.wk, &lw.wv}, {q_.data(), k_.data(), v_.data()}, xb_.data(), n, &pool_);
     const bool pre_rope = cache.k_pre_rope(layer);
+    const int rope_span = pre_rope ? cache.k_rope_span(layer) : 1;
     for (int64_t t = 0; t < n; ++t) {
       const TokenSlot& s = slots[size_t(t)];
       const BatchEntry& b = batch[size_t(s.entry)];
       float* k = k_.data() + t * kv_dim;
       rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.rope, c.rope_theta);
       if (!pre_rope) rope(k, c.n_kv_heads, head_dim, s.rope, c.rope_theta);
-      cache.write(layer, *b.table, s.pos, k, v_.data() + t * kv_dim);
+      const float* stored_k = k;
+      if (rope_span > 1) {  // rotated by its text position's offset within its span (KvCodecConfig::rope_span)
+        key_in_span_.assign(k, k + kv_dim);
+        rope(key_in_span_.data(), c.n_kv_heads, head_dim, b.table->position_of_new(s.pos) % rope_span,
+             c.rope_theta);
+        stored_k = key_in_span_.data();
+      }
+      cache.write(layer, *b.table, s.pos, stored_k, v_.data() + t * kv_dim);
       if (any_kv && b.policy != nullptr && b.policy->wants_kv()) {
         if (!pre_rope) {
           b.policy->on_kv(layer, s.pos, k, v_.data() + t * kv_dim);

@@ -95,6 +95,7 @@ class Transformer {
   };
   std::vector<PolicyScratch> policy_scratch_;  // (threads)
   std::vector<float> key_after_rope_;          // (kv_dim) a pre-RoPE key rotated for on_kv()
+  std::vector<float> key_in_span_;             // (kv_dim) a pre-RoPE key rotated within its RoPE span
   QueryObserver query_observer_;
 };
 

@@ -23,22 +23,25 @@ RopeTable::RopeTable(int max_pos, int head_dim, float theta)
   }
 }
 
-void RopeTable::rotate_back(const float* q, int pos, float* out) const {
+void RopeTable::rotate_back(const float* q, int n, int pos, float* out) const {
   // out[2i] = q[2i] c + q[2i+1] s;  out[2i+1] = q[2i+1] c - q[2i] s.
   const float* c = table_.data() + size_t(pos) * 2 * head_dim_;
   const float* s = c + head_dim_;
-  int d = 0;
+  const int hd = head_dim_;  // a local: out may alias the table as far as the compiler knows
+  for (int h = 0; h < n; ++h, q += hd, out += hd) {
+    int d = 0;
 #if defined(__AVX512F__)
-  const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
-  for (; d + 16 <= head_dim_; d += 16) {
-    const __m512 qv = _mm512_loadu_ps(q + d);
-    const __m512 qs = _mm512_permutexvar_ps(swap, qv);
-    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + d), _mm512_mul_ps(qs, _mm512_loadu_ps(s + d))));
-  }
+    const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+    for (; d + 16 <= hd; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+      const __m512 qs = _mm512_permutexvar_ps(swap, qv);
+      _mm512_storeu_ps(out + d, _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + d), _mm512_mul_ps(qs, _mm512_loadu_ps(s + d))));
+    }
 #endif
-  for (; d < head_dim_; d += 2) {
-    out[d] = q[d] * c[d] + q[d + 1] * s[d];
-    out[d + 1] = q[d + 1] * c[d + 1] + q[d] * s[d + 1];
+    for (; d < hd; d += 2) {
+      out[d] = q[d] * c[d] + q[d + 1] * s[d];
+      out[d + 1] = q[d + 1] * c[d + 1] + q[d] * s[d + 1];
+    }
   }
 }
 

@@ -19,7 +19,9 @@ class RopeTable {
 
   // out (head_dim) = q rotated by -pos: then dot(out, k) == dot(q, rope(k, pos)).
   // REQUIRES: pos < max_pos.
-  void rotate_back(const float* q, int pos, float* out) const;
+  void rotate_back(const float* q, int pos, float* out) const { rotate_back(q, 1, pos, out); }
+  // The same for n consecutive heads (n * head_dim floats).
+  void rotate_back(const float* q, int n, int pos, float* out) const;
   // Row pos of the table (head_dim floats each): cos duplicated over each
   // pair, and sin with each lane's sign, so that rope(k, pos) == k * cos_row
   // - swap_pairs(k) * sin_row and rotate_back(q) == q * cos_row +

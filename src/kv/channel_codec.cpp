@@ -17,8 +17,9 @@ namespace int_codec {
 static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int group = c.group_size > 0 ? c.group_size : s.block_size;
-  return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && !c.pre_rope &&
-         s.head_dim % 8 == 0 && group >= 32;
+  const int fold_tokens = c.pre_rope ? std::min(group, c.rope_span) : group;  // tokens one query fold serves
+  return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && s.head_dim % 8 == 0 &&
+         fold_tokens >= 32;
 #else
   (void)c, (void)s;
   return false;
@@ -37,8 +38,9 @@ static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 // row covers every token of the block for those channels. Scoring then runs
 // with tokens in SIMD lanes: the group's scale folds into the query once, and
 // the codes meet it as integers in dot products (no float dequantization, no
-// per-token horizontal sums). Static scales and pre-RoPE keys (a query per
-// token) keep token rows (block_size, head_dim).
+// per-token horizontal sums). So are keys in RoPE spans (rope_span > 1: one
+// query set per span, score_span). Static scales and keys exactly before
+// RoPE (a query per token) keep token rows (block_size, head_dim).
 //
 // 4-bit channel-major heads of whole octets (head_dim % 8 == 0) interleave
 // instead: per octet o of channels 8o .. 8o + 7, four bytes per token,
@@ -59,7 +61,7 @@ class ChannelCodec final : public KvCodec {
         group_(static_ ? s.block_size : c.group_size),
         code_bytes_(size_t(s.kv_dim()) * B / 8),
         head_major_(s.head_dim * B % 8 == 0),
-        channel_major_(head_major_ && !static_ && !c.pre_rope),
+        channel_major_(head_major_ && !static_ && (!c.pre_rope || c.rope_span > 1)),
         octets_(B == 4 && channel_major_ && s.head_dim % 8 == 0),
         head_code_bytes_(size_t(s.head_dim) * B / 8),
         head_bytes_(size_t(s.block_size) * head_code_bytes_ +
@@ -170,28 +172,46 @@ class ChannelCodec final : public KvCodec {
   // query per token group, then integer codes against it.
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
+    score_span(q, n_q, block, 0, n, kv_head, scale, scores, stride);
+  }
+  void score_spans(const float* q_spans, int n_q, const uint8_t* block, int n, int span, int kv_head, float scale,
+                   float* scores, int stride) const override {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (channel_major_simd_) {  // each token group's scales decoded once for its spans
+      score_channel_major(q_spans, n_q, block, 0, n, kv_head, scale, scores, stride, span);
+      return;
+    }
+#endif
+    KvCodec::score_spans(q_spans, n_q, block, n, span, kv_head, scale, scores, stride);
+  }
+  // Tokens [begin, end): the token groups they touch are folded as for
+  // score, and only the range is scored (keys in RoPE spans, one query set
+  // per span).
+  void score_span(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head, float scale,
+                  float* scores, int stride) const override {
+    if (begin >= end) return;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (channel_major_simd_) {
-      score_channel_major(q, n_q, block, n, kv_head, scale, scores, stride);
+      score_channel_major(q, n_q, block, begin, end, kv_head, scale, scores, stride);
       return;
     }
 #endif
 #if defined(__AVX512F__)
-    if (simd_ && !channel_major_) {
-      simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride);
+    if (simd_ && !channel_major_ && begin == 0) {
+      simd::score(source(block, end, kv_head), q, n_q, false, end, scale, scores, stride);
       return;
     }
 #endif
     const int hd = shape_.head_dim, first = kv_head * hd;
     if (channel_major_) {
-      score_channels(q, n_q, block, n, kv_head, scale, scores, stride);
+      score_channels(q, n_q, block, begin, end, kv_head, scale, scores, stride);
       return;
     }
     float* s = scratch(4 * size_t(hd));
     float *sc = s, *mn = s + hd, *qs = s + 2 * hd, *codes = s + 3 * hd;
-    for (int tg = 0; tg * group_ < n; ++tg) {
+    for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, first, hd, sc, mn);
-      const int t0 = tg * group_, t1 = std::min(n, t0 + group_);
+      const int t0 = std::max(begin, tg * group_), t1 = std::min(end, (tg + 1) * group_);
       for (int i = 0; i < n_q; ++i) {
         const float* qi = q + i * hd;
         for (int d = 0; d < hd; ++d) qs[d] = qi[d] * sc[d];
@@ -224,20 +244,20 @@ class ChannelCodec final : public KvCodec {
   // Channel-major without the integer kernels: tokens run innermost, so each
   // channel's byte row is read in order and the sums over channels are
   // per-token vectors (8 tokens per AVX2 step) instead of horizontal sums.
-  void score_channels(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+  void score_channels(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head, float scale,
                       float* scores, int stride) const {
 #if defined(__AVX2__) && defined(__FMA__)
     if (shape_.head_dim % 8 == 0) {
-      score_channel_pairs(q, n_q, block, n, kv_head, scale, scores, stride);
+      score_channel_pairs(q, n_q, block, begin, end, kv_head, scale, scores, stride);
       return;
     }
 #endif
     const int hd = shape_.head_dim, first = kv_head * hd;
     float* s = scratch(2 * size_t(hd) + size_t(group_));
     float *sc = s, *mn = s + hd, *acc = s + 2 * hd;
-    for (int tg = 0; tg * group_ < n; ++tg) {
+    for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, first, hd, sc, mn);
-      const int t0 = tg * group_, nt = std::min(n, t0 + group_) - t0;
+      const int t0 = std::max(begin, tg * group_), nt = std::min(end, (tg + 1) * group_) - t0;
       for (int i = 0; i < n_q; ++i) {
         const float* qi = q + size_t(i) * hd;
         std::fill(acc, acc + nt, dot(qi, mn, hd));
@@ -330,8 +350,8 @@ class ChannelCodec final : public KvCodec {
       std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
     }
   }
-  void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
-                           float* scores, int stride) const {
+  void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
+                           float scale, float* scores, int stride) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     const float qmax = folded_qmax<B>(hd);
@@ -339,7 +359,7 @@ class ChannelCodec final : public KvCodec {
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
     int16_t* q16 = f.q16;
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int tg = 0; tg * group_ < n; ++tg) {
+    for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, kv_head * hd, hd, sc, mn);
       for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
         const float* qi = q + size_t(i) * hd;
@@ -360,8 +380,8 @@ class ChannelCodec final : public KvCodec {
         }
       }
       if (octets_) order_pairs(q16, n_q, hd);
-      const int t1 = std::min(n, (tg + 1) * group_);
-      for (int t0 = tg * group_; t0 < t1; t0 += 8) {
+      const int t1 = std::min(end, (tg + 1) * group_);
+      for (int t0 = std::max(begin, tg * group_); t0 < t1; t0 += 8) {
         const int nt = std::min(8, t1 - t0);
         by_query_groups(n_q, [&](auto nq, int i) {
           score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
@@ -651,53 +671,60 @@ class ChannelCodec final : public KvCodec {
   // q·k_t = sum_c (q_c scale_c) code_tc + sum_c q_c min_c. The folded query is
   // rounded to 16 bits with one step per (query, token group): at most
   // 32767 steps across its largest channel, fewer where int32 sums of
-  // head_dim products could overflow.
-  void score_channel_major(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
-                           float* scores, int stride) const {
+  // head_dim products could overflow. Tokens [begin, end); with span > 0
+  // (keys in RoPE spans) token t meets query set t / span of q, (sets, n_q,
+  // head_dim), each folded once per span.
+  void score_channel_major(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
+                           float scale, float* scores, int stride, int span = 0) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
-    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    if (begin == 0) simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);  // once per block, not per span
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
     const bool bytes = byte_dots_;  // 8-bit queries (score_tiles_bytes), else 16-bit (score_tile)
     const float qmax = bytes ? 127.0f : folded_qmax<B>(hd);
-    for (int tg = 0; tg * group_ < n; ++tg) {
+    for (int tg = begin / group_; tg * group_ < end; ++tg) {
       head_affine(block, tg, kv_head, sc, mn);
-      by_query_groups(n_q, [&](auto nq, int i) {
-        if (bytes)
-          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i,
-                                 reinterpret_cast<int8_t*>(f.q16) + size_t(i) * hd);
-        else
-          fold_queries<nq.value>(q + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i, f.q16 + size_t(i) * hd);
-      });
-      if (!bytes && octets_) order_pairs(f.q16, n_q, hd);
-      const int t1 = std::min(n, (tg + 1) * group_);
+      const int g_end = std::min(end, (tg + 1) * group_);
+      for (int t_lo = std::max(begin, tg * group_), t1; t_lo < g_end; t_lo = t1) {
+        t1 = span > 0 ? std::min(g_end, (t_lo / span + 1) * span) : g_end;  // one query set
+        const float* qs = span > 0 ? q + size_t(t_lo / span) * size_t(n_q) * size_t(hd) : q;
+        by_query_groups(n_q, [&](auto nq, int i) {
+          if (bytes)
+            fold_queries<nq.value>(qs + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i,
+                                   reinterpret_cast<int8_t*>(f.q16) + size_t(i) * hd);
+          else
+            fold_queries<nq.value>(qs + size_t(i) * hd, hd, sc, mn, qmax, step + i, bias + i,
+                                   f.q16 + size_t(i) * hd);
+        });
+        if (!bytes && octets_) order_pairs(f.q16, n_q, hd);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-      if (bytes) {
-        const int quads = hd / 4;
-        for (int t0 = tg * group_; t0 < t1; t0 += 64) {
-          const int nt = std::min(64, t1 - t0);
-          const __mmask64 m = nt >= 64 ? ~__mmask64(0) : (__mmask64(1) << nt) - 1;
+        if (bytes) {
+          const int quads = hd / 4;
+          for (int t0 = t_lo; t0 < t1; t0 += 64) {
+            const int nt = std::min(64, t1 - t0);
+            const __mmask64 m = nt >= 64 ? ~__mmask64(0) : (__mmask64(1) << nt) - 1;
+            by_query_groups(n_q, [&](auto nq, int i) {
+              auto tiles = [&](auto kernel) {
+                kernel(head, bs, quads, t0, m, f.pairs + size_t(i) * quads, step + i, bias + i, scale,
+                       scores + size_t(i) * stride, stride);
+              };
+              if (nt > 48) tiles(score_tiles_bytes<nq.value, 4>);
+              else if (nt > 32) tiles(score_tiles_bytes<nq.value, 3>);
+              else if (nt > 16) tiles(score_tiles_bytes<nq.value, 2>);
+              else tiles(score_tiles_bytes<nq.value, 1>);
+            });
+          }
+          continue;
+        }
+#endif
+        for (int t0 = t_lo; t0 < t1; t0 += 16) {
+          const __mmask16 m = lanes(t1 - t0);
           by_query_groups(n_q, [&](auto nq, int i) {
-            auto tiles = [&](auto kernel) {
-              kernel(head, bs, quads, t0, m, f.pairs + size_t(i) * quads, step + i, bias + i, scale,
-                     scores + size_t(i) * stride, stride);
-            };
-            if (nt > 48) tiles(score_tiles_bytes<nq.value, 4>);
-            else if (nt > 32) tiles(score_tiles_bytes<nq.value, 3>);
-            else if (nt > 16) tiles(score_tiles_bytes<nq.value, 2>);
-            else tiles(score_tiles_bytes<nq.value, 1>);
+            score_tile<nq.value>(head, bs, pairs, t0, m, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                                 scores + size_t(i) * stride, stride, octets_);
           });
         }
-        continue;
-      }
-#endif
-      for (int t0 = tg * group_; t0 < t1; t0 += 16) {
-        const __mmask16 m = lanes(t1 - t0);
-        by_query_groups(n_q, [&](auto nq, int i) {
-          score_tile<nq.value>(head, bs, pairs, t0, m, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
-                               scores + size_t(i) * stride, stride, octets_);
-        });
       }
     }
   }

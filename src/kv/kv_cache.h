@@ -139,6 +139,9 @@ class KvCache {
   // Whether `layer` stores keys before RoPE; attention then rotates queries
   // with rope_table() instead.
   bool k_pre_rope(int layer) const { return layers_[size_t(layer)].k->config().pre_rope; }
+  // Pre-RoPE keys' span (KvCodecConfig::rope_span): the key of the token at
+  // position p is stored rotated by p mod span. 1 = exactly before RoPE.
+  int k_rope_span(int layer) const { return layers_[size_t(layer)].k->config().rope_span; }
   const RopeTable& rope_table() const { return *rope_table_; }
   float rope_theta() const { return rope_theta_; }
   const KvCodec& k_codec(int layer) const { return *layers_[size_t(layer)].k; }

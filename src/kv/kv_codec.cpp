@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "kv/float_codecs.h"
@@ -72,7 +74,7 @@ std::string KvCodecConfig::describe() const {
   else if (is_static()) out = fmt::format("{}/static", kv_dtype_name(dtype));
   else out = fmt::format("{}/{}/g{}", kv_dtype_name(dtype), kv_grouping_name(grouping), group_size);
   if (scale_bits == 8 && kv_dtype_is_affine(dtype) && !is_static()) out += "+s8";
-  if (pre_rope) out += "+prerope";
+  if (pre_rope) out += rope_span > 1 ? fmt::format("+prerope{}", rope_span) : std::string("+prerope");
   return outliers > 0 ? out + fmt::format("+o{}", outliers) : out;
 }
 
@@ -92,6 +94,24 @@ void KvCodec::score_tokens(const float* q, int n_q, const uint8_t* block, int n,
   }
 }
 
+void KvCodec::score_span(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
+                         float scale, float* scores, int stride) const {
+  thread_local std::vector<float> all;
+  all.resize(size_t(n_q) * size_t(end));
+  score(q, n_q, block, end, kv_head, scale, all.data(), end);
+  for (int i = 0; i < n_q; ++i)
+    std::copy(all.begin() + ptrdiff_t(i) * end + begin, all.begin() + ptrdiff_t(i + 1) * end,
+              scores + size_t(i) * stride + begin);
+}
+
+void KvCodec::score_spans(const float* q_spans, int n_q, const uint8_t* block, int n, int span, int kv_head,
+                          float scale, float* scores, int stride) const {
+  const size_t set = size_t(n_q) * size_t(shape_.head_dim);
+  for (int s0 = 0; s0 < n; s0 += span)
+    score_span(q_spans + size_t(s0 / span) * set, n_q, block, s0, std::min(n, s0 + span), kv_head, scale, scores,
+               stride);
+}
+
 void KvCodec::encode_block(uint8_t* block, const float* x, int n) const {
   std::vector<uint8_t> zero(block_bytes(), 0);
   std::copy(zero.begin(), zero.end(), block);
@@ -103,6 +123,11 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
     fail("KV block shape must be positive (block {}, heads {}, head dim {})", shape.block_size, shape.n_kv_heads,
          shape.head_dim);
   const int kv_dim = shape.kv_dim();
+  if (config.rope_span < 1) fail("the keys' RoPE span must be at least 1 token (got {})", config.rope_span);
+  if (config.rope_span > 1 && !config.pre_rope)
+    fail("a RoPE span of {} tokens applies to keys stored before RoPE (--kv-k-pre-rope)", config.rope_span);
+  if (shape.block_size % config.rope_span != 0)
+    fail("the keys' RoPE span of {} tokens must divide the block size {}", config.rope_span, shape.block_size);
   if (config.outliers != 0) {
     if (!kv_dtype_is_affine(config.dtype))
       fail("KV outliers apply to int8, int4 and int2, not {}", kv_dtype_name(config.dtype));

@@ -95,6 +95,15 @@ struct KvCodecConfig {
   // query by each key's position instead. Per-channel groups see stable
   // channel statistics this way instead of channel pairs rotating within a block.
   bool pre_rope = false;
+  // Pre-RoPE keys only: tokens that share one rotation of the query. A key
+  // at text position p is stored rotated by p mod rope_span (RoPE at that
+  // offset), so attention rotates the query back to each span's first
+  // position once and scores the span with the plain integer kernels,
+  // instead of one rotation per key (1: keys stored exactly before RoPE).
+  // Channel statistics then rotate only within a span: TinyStories
+  // int2-small, KL 0.019 at 1, 0.023 at 16, 0.043 at 64 (BENCHMARKS.md,
+  // "Keys rotated within 16-token spans"). Must divide the block size.
+  int rope_span = 1;
   // Bits of each stored (scale, min) pair member of dynamic integer groups:
   // 16 (fp16 pairs) or 8 (kv/scale8.h: one byte each plus an fp16 header per
   // run of groups; head-major layouts only, and token groups then encode
@@ -110,7 +119,7 @@ struct KvCodecConfig {
   // Sets dtype, dropping the static ranges and outliers that only affine
   // integer types keep (kv_dtype_is_affine).
   void retype(KvDType t);
-  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope, "+s8" with 8-bit scales, "+o2" with 2 outliers
+  std::string describe() const;  // e.g. "int4/channel/g16", "+prerope" when pre_rope ("+prerope16" with 16-token spans), "+s8" with 8-bit scales, "+o2" with 2 outliers
 };
 
 // A run of bytes inside a block: [offset, offset + size).
@@ -169,6 +178,18 @@ class KvCodec {
   //   scores[i * stride + t] = scale * dot(q + i * head_dim, rope(key_t, t))
   // Returns false, writing nothing, where the codec has no such kernel;
   // callers then rotate the query per key and call score_tokens.
+  // As score, for tokens [begin, end) of the block only (scores elsewhere in
+  // the rows are left alone): keys stored within RoPE spans
+  // (KvCodecConfig::rope_span), one rotated query set per span. The default
+  // scores the first `end` tokens into scratch and copies the range.
+  virtual void score_span(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
+                          float scale, float* scores, int stride) const;
+  // Every span of the first n tokens at once: tokens [s * span, (s + 1) *
+  // span) against query set s of q_spans ((n + span - 1) / span, n_q,
+  // head_dim). The default calls score_span per span; channel codecs decode
+  // each token group's scales once for all its spans.
+  virtual void score_spans(const float* q_spans, int n_q, const uint8_t* block, int n, int span, int kv_head,
+                           float scale, float* scores, int stride) const;
   virtual bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                              const RopeTable& rope, float* scores, int stride) const {
     return false;

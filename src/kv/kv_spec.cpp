@@ -1,6 +1,7 @@
 #include "kv/kv_spec.h"
 
 #include <charconv>
+#include <numeric>
 #include <sstream>
 
 #include "util/error.h"
@@ -46,7 +47,7 @@ void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>
   if (options.layers.empty()) options.layers.assign(size_t(n_layers), KvLayerCodecs{options.k, options.v});
   auto set = [](KvCodecConfig& c, KvDType t) {
     c.retype(t);
-    if (!kv_dtype_is_quantized(t)) c.pre_rope = false;  // full precision needs no pre-RoPE trick
+    if (!kv_dtype_is_quantized(t)) c.pre_rope = false, c.rope_span = 1;  // full precision needs no pre-RoPE trick
   };
   for (const auto& o : overrides)
     for (int l = o.first; l <= o.last; ++l) {
@@ -92,6 +93,13 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep
     const KvDType t = parse_kv_dtype(name.substr(0, 4));
     options.k = {t, KvGrouping::Channel, 0, {}, {}};
     options.k.pre_rope = t == KvDType::INT2;
+    // INT2's keys are rotated within 16-token spans (KvCodecConfig::rope_span):
+    // one query rotation per span and the integer channel-major kernel,
+    // instead of a float kernel that rotates every key. At 16K int2-small
+    // decodes at 1.29-1.30x FP16 instead of 0.84-0.96x, int2 at 1.24-1.26x
+    // instead of 0.85-0.92x, for TinyStories KL 0.0191 -> 0.0226 and 0.0246
+    // -> 0.0328 (BENCHMARKS.md, "Keys rotated within 16-token spans").
+    if (options.k.pre_rope && bs > 0) options.k.rope_span = std::gcd(16, bs);
     options.v = {t, KvGrouping::Token, 0, {}, {}};
     options.residual = (name == "int8" ? 1 : 2) * bs;
     if (small) {

@@ -50,6 +50,12 @@ kvserve_error_test(cli.error_scale_bits "scale-bits"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 12)
 kvserve_error_test(cli.error_eight_bit_scales_without_window "residual window"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 8 --kv-residual 0)
+kvserve_error_test(cli.error_rope_span_without_pre_rope "applies to keys stored before RoPE"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int4 --kv-k-rope-span 16)
+kvserve_error_test(cli.error_rope_span_not_dividing_block "must divide the block size 32"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span 24)
+kvserve_error_test(cli.error_rope_span_negative "--kv-k-rope-span must be >= 1"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span -1)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
