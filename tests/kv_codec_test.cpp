@@ -392,33 +392,38 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
   }
 }
 
-// The same for 8-bit value weights: the residual's midpoint part joins the
-// bias, so where each token's codes cover 0..15 evenly across the channels
-// the channels' mean error is that of float arithmetic alone; without the
-// correction it is 7.5 steps times the sum of the residuals.
+// The same for 8-bit value weights, 4- and 2-bit codes: the residual's
+// midpoint part joins the bias, so where each token's codes cover 0..2^B - 1
+// evenly across the channels the channels' mean error is that of float
+// arithmetic alone; without the correction it is (2^B - 1) / 2 steps times
+// the sum of the residuals.
 TEST(KvCodec, EightBitWeightResidualAveragesOut) {
   const KvBlockShape shape{32, 1, 64};
-  const KvCodecConfig config{KvDType::INT4, KvGrouping::Token, 64, {}, {}};
-  if (token_weight_steps(config, shape) != 127) GTEST_SKIP() << "no 8-bit weight kernel in this build";
-  auto codec = make_kv_codec(config, shape);
-  const int hd = shape.head_dim, bs = shape.block_size;
-  std::vector<float> x(size_t(bs) * hd);
-  for (int t = 0; t < bs; ++t)
-    for (int d = 0; d < hd; ++d) x[size_t(t) * hd + d] = 0.25f * float(1 + t % 4) * float((t + 5 * d) % 16 - 8);
-  const std::vector<uint8_t> block = encode_exactly(*codec, x);  // each of 0..15 four times per token
-  ASSERT_FALSE(block.empty());
-  const int n_q = 3;
-  std::vector<float> w(size_t(n_q) * bs);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(3 * i + 1)));
-  std::vector<float> o1(size_t(n_q) * hd, 0.0f), o2(o1);
-  codec->accumulate(w.data(), n_q, bs, block.data(), bs, 0, o1.data());
-  accumulate_reference(*codec, w.data(), n_q, bs, block.data(), bs, 0, o2.data());
-  for (int i = 0; i < n_q; ++i) {
-    double top = 0, mean = 0;  // max_t w_t scale_t, the channels' mean error
-    for (int t = 0; t < bs; ++t) top = std::max(top, double(w[size_t(i * bs + t)]) * 0.25 * (1 + t % 4));
-    for (int d = 0; d < hd; ++d) mean += (double(o1[size_t(i * hd + d)]) - o2[size_t(i * hd + d)]) / hd;
-    const double step = top / 127;
-    EXPECT_LT(std::fabs(mean), 0.05 * step) << "query " << i << ": mean error " << mean / step << " steps";
+  for (const auto [type, levels] : {std::pair{KvDType::INT4, 16}, std::pair{KvDType::INT2, 4}}) {
+    const KvCodecConfig config{type, KvGrouping::Token, 64, {}, {}};
+    if (token_weight_steps(config, shape) != 127) GTEST_SKIP() << "no 8-bit weight kernel in this build";
+    auto codec = make_kv_codec(config, shape);
+    const int hd = shape.head_dim, bs = shape.block_size;
+    std::vector<float> x(size_t(bs) * hd);
+    for (int t = 0; t < bs; ++t)
+      for (int d = 0; d < hd; ++d)
+        x[size_t(t) * hd + d] = 0.25f * float(1 + t % 4) * float((t + 5 * d) % levels - levels / 2);
+    const std::vector<uint8_t> block = encode_exactly(*codec, x);  // each code 64 / levels times per token
+    ASSERT_FALSE(block.empty());
+    const int n_q = 3;
+    std::vector<float> w(size_t(n_q) * bs);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(3 * i + 1)));
+    std::vector<float> o1(size_t(n_q) * hd, 0.0f), o2(o1);
+    codec->accumulate(w.data(), n_q, bs, block.data(), bs, 0, o1.data());
+    accumulate_reference(*codec, w.data(), n_q, bs, block.data(), bs, 0, o2.data());
+    for (int i = 0; i < n_q; ++i) {
+      double top = 0, mean = 0;  // max_t w_t scale_t, the channels' mean error
+      for (int t = 0; t < bs; ++t) top = std::max(top, double(w[size_t(i * bs + t)]) * 0.25 * (1 + t % 4));
+      for (int d = 0; d < hd; ++d) mean += (double(o1[size_t(i * hd + d)]) - o2[size_t(i * hd + d)]) / hd;
+      const double step = top / 127;
+      EXPECT_LT(std::fabs(mean), 0.05 * step) << config.describe() << " query " << i << ": mean error "
+                                              << mean / step << " steps";
+    }
   }
 }
 

@@ -14,7 +14,7 @@ namespace int_codec {
 std::atomic<bool> g_byte_value_weights{true};
 
 // Whether TokenGroupCodec accumulates these values with 8-bit weights
-// (accumulate_bytes): 4-bit dynamic codes with one group per head, head-major,
+// (accumulate_bytes): 4- or 2-bit dynamic codes with one group per head, head-major,
 // in blocks of 32+ tokens (a multiple of 4), on AVX-512 VNNI + VBMI builds.
 // Heads of a multiple of 64 channels take the vector kernel; heads the
 // vector float path cannot walk either (not a multiple of 32 channels:
@@ -25,7 +25,7 @@ std::atomic<bool> g_byte_value_weights{true};
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-  return g_byte_value_weights.load(std::memory_order_relaxed) && c.dtype == KvDType::INT4 &&
+  return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
          c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
          (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
          s.block_size % 4 == 0;
@@ -281,7 +281,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   bool integer_accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                           float* out) const {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-    if constexpr (B == 4)
+    if constexpr (B == 4 || B == 2)
       if (byte_weights_ && n > 0) {
         accumulate_bytes(weights, n_q, stride, block, n, kv_head, out);
         return true;
@@ -613,8 +613,12 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       fold_weights<nq.value, int8_t>(weights + size_t(i) * stride, stride, meta, n, n4, ns, 127.0f, f.u, step + i,
                                      bias + i, u8 + size_t(i) * n4);
       if (hd % 64 == 0) {
-        accumulate_quads<nq.value>(codes, f.words + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
-                                   out + size_t(i) * hd);
+        if constexpr (B == 2)
+          accumulate_quads2<nq.value>(codes, f.words + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
+                                      out + size_t(i) * hd);
+        else
+          accumulate_quads<nq.value>(codes, f.words + size_t(i) * n4 / 4, n4 / 4, n4, step + i, bias + i,
+                                     out + size_t(i) * hd);
         return;
       }
       for (int k = i; k < i + nq.value; ++k)
@@ -624,6 +628,66 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           out[size_t(k) * hd + d] += float(acc) * step[k] + bias[k];
         }
     });
+  }
+  // accumulate_quads for 2-bit codes. A unit of 64 channels is 16 bytes per
+  // token (byte p: channels 4p .. 4p + 3, two bits each from bit 0), so four
+  // tokens' bytes fill one vector. Output vector v (channels 16v .. 16v + 15)
+  // takes in lane l the four tokens' byte 4v + l / 4 (vpermb); shifting each
+  // lane by 2 (l mod 4) puts channel 16v + l's codes in the low two bits of
+  // its four bytes (a shift of at most 6 keeps each byte's own bits), and an
+  // AND leaves the four codes vpdpbusd multiplies by the four weights. The
+  // lanes come out in channel order.
+  template <int NQ>
+  void accumulate_quads2(const uint8_t* codes, const int32_t* u, int uquads, int n4, const float* step,
+                         const float* bias, float* out) const {
+    const int hd = shape_.head_dim;
+    const size_t row = head_code_bytes_;
+    alignas(64) static constexpr auto kIdx = [] {
+      struct { uint8_t idx[4][64]; } t{};
+      for (int v = 0; v < 4; ++v)
+        for (int l = 0; l < 16; ++l)
+          for (int j = 0; j < 4; ++j) t.idx[v][4 * l + j] = uint8_t(16 * j + 4 * v + l / 4);  // token j's byte
+      return t;
+    }();
+    const __m512i shifts = _mm512_set_epi32(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0);
+    const __m512i low2 = _mm512_set1_epi8(0x03);
+    for (int unit = 0; unit * 64 < hd; ++unit) {
+      __m512i acc[NQ][4];
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_si512();
+      const uint8_t* base = codes + size_t(unit) * 16;
+      for (int t = 0; t < n4; t += 4) {
+        const uint8_t* p = base + size_t(t) * row;
+        __m512i x;
+        if (row == 16) {
+          x = _mm512_loadu_si512(p);  // four whole rows
+        } else {
+          x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+          x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row)), 1);
+          x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row)), 2);
+          x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row)), 3);
+        }
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const __m512i c = _mm512_and_si512(
+              _mm512_srlv_epi32(_mm512_permutexvar_epi8(_mm512_load_si512(kIdx.idx[v]), x), shifts), low2);
+          #pragma GCC unroll 8
+          for (int i = 0; i < NQ; ++i)
+            acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], c, _mm512_set1_epi32(u[size_t(i) * uquads + t / 4]));
+        }
+      }
+      #pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          float* o = out + size_t(i) * hd + unit * 64 + 16 * v;
+          _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][v]),
+                                                                                 _mm512_set1_ps(step[i]),
+                                                                                 _mm512_set1_ps(bias[i]))));
+        }
+    }
   }
   // NQ queries; u: (NQ, uquads) int32 = four 8-bit weights of tokens 4j ..
   // 4j + 3 (zero past n). Tokens [t, t + 4): two loads of two 32-byte rows
