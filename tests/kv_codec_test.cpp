@@ -564,6 +564,12 @@ TEST(KvCodec, SpanScoresMatchReferenceAndLeaveTheRestAlone) {
   tokens.rope_span = 8;
   cases.push_back({f16, KvBlockShape{32, 2, 64}});
   cases.push_back({tokens, KvBlockShape{32, 2, 64}});
+  KvCodecConfig outliers{KvDType::INT2, KvGrouping::Channel, 0, {}, {}};  // int2-small with a key outlier
+  outliers.pre_rope = true;
+  outliers.rope_span = 16;
+  outliers.scale_bits = 8;
+  outliers.outliers = 1;
+  cases.push_back({outliers, KvBlockShape{64, 2, 64}});
   for (const Case& c : cases) {
     auto codec = make_kv_codec(c.config, c.shape);
     const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size, span = c.config.rope_span;

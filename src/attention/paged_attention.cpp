@@ -1,6 +1,7 @@
 #include "attention/paged_attention.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "attention/head_slice_prefetch.h"
@@ -48,7 +49,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   // position missed it (rotate_back 8-9% of int2-small's step at 16K).
   constexpr int32_t kCoarse = 1024;
   const size_t set = size_t(group) * size_t(head_dim);
-  float* coarse_q = scratch.rotated.data() + size_t(bs) * set;  // the queries rotated back by coarse_pos
+  float* coarse_q = pre_rope ? scratch.rotated.data() + size_t(bs) * set : nullptr;  // rotated back by coarse_pos
   int32_t coarse_pos = -1;
   auto score_spans = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
     const int32_t first = b * bs, coarse = first / kCoarse * kCoarse;
@@ -64,12 +65,43 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     return true;
   };
   // What the query is rotated back by for the key in `slot`: its RoPE
-  // position, less the rotation the key was stored with.
+  // position, less the rotation the key was stored with; `evicted` (masked
+  // below, any rotation will do) when the slot holds no token.
+  constexpr int32_t kEvicted = INT32_MIN;
   auto query_rotation = [&](int32_t slot) {
     const int32_t pos = moved ? cache.key_rope_position(table, layer, kv_head, slot) : slot;
     if (rope_span == 1) return std::max(0, pos);
     const int32_t text_pos = cache.slot_position(table, layer, kv_head, slot);
-    return text_pos < 0 ? 0 : pos - text_pos % rope_span;  // evicted: masked below
+    return text_pos < 0 ? kEvicted : pos - text_pos % rope_span;
+  };
+  // The group's queries rotated back by `rotation` into out, forward when it
+  // is negative (a key compacted below its stored rotation).
+  auto rotate_query = [&](int32_t rotation, float* out) {
+    if (rotation >= 0) {
+      cache.rope_table().rotate_back(q, group, rotation, out);
+      return;
+    }
+    std::copy(q, q + set, out);
+    rope(out, group, head_dim, -rotation, cache.rope_theta());
+  };
+  // Keys in RoPE spans once slots stopped being positions: runs of slots
+  // that need the same rotation (a span's tokens, mostly) share one query
+  // set and one score_span call; channel-major codecs have no vector
+  // per-key kernel (a per-key query there measured ~7x slower).
+  auto score_runs = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
+    float* run_q = scratch.rotated.data();
+    for (int t0 = 0, t1; t0 < n; t0 = t1) {
+      int32_t rotation = query_rotation(b * bs + t0);
+      for (t1 = t0 + 1; t1 < n; ++t1) {
+        const int32_t r = query_rotation(b * bs + t1);
+        if (rotation == kEvicted) rotation = r;
+        else if (r != rotation && r != kEvicted) break;
+      }
+      if (rotation >= cache.rope_table().max_pos()) return false;
+      rotate_query(rotation == kEvicted ? 0 : rotation, run_q);
+      k.codec->score_span(run_q, group, k.data, t0, t1, kv_head, scale, block_scores, stride);
+    }
+    return true;
   };
   int32_t span = 0;  // columns of the rows in use
   HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); });
@@ -85,6 +117,8 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
     } else if (spans_aligned && score_spans(k, b, n, block_scores)) {
       // Keys at positions b * bs + t, stored rotated by t mod rope_span.
+    } else if (rope_span > 1 && !spans_aligned && score_runs(k, b, n, block_scores)) {
+      // Keys in spans after an eviction: one query set per run of slots.
     } else if (rope_span == 1 && !moved && rotate_block_query(b * bs) &&
                k.codec->score_offsets(scratch.rotated.data(), group, k.data, n, kv_head, scale, cache.rope_table(),
                                       block_scores, stride)) {
@@ -94,16 +128,8 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
       float* rq = scratch.rotated.data();  // (n, group, head_dim)
       for (int t = 0; t < n; ++t) {
-        const int32_t pos = query_rotation(b * bs + t);
-        for (int i = 0; i < group; ++i) {
-          float* out = rq + (size_t(t) * group + i) * head_dim;
-          if (pos >= 0) {
-            cache.rope_table().rotate_back(q + size_t(i) * head_dim, pos, out);
-          } else {  // a key compacted below its stored rotation: rotate the query forward
-            std::copy(q + size_t(i) * head_dim, q + size_t(i + 1) * head_dim, out);
-            rope(out, 1, head_dim, -pos, cache.rope_theta());
-          }
-        }
+        const int32_t rotation = query_rotation(b * bs + t);
+        rotate_query(rotation == kEvicted ? 0 : rotation, rq + size_t(t) * set);
       }
       k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, block_scores, stride);
     }

@@ -75,6 +75,22 @@ class OutlierCodec final : public KvCodec {
     add_score_terms(block, n_q, n, kv_head, scale, scores, stride,
                     [&](int t, int i) { return q + (size_t(t) * n_q + i) * shape_.head_dim; });
   }
+  // Keys in RoPE spans: the inner codec's spans, then each outlier term
+  // against its own span's query set.
+  void score_span(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head, float scale,
+                  float* scores, int stride) const override {
+    inner_->score_span(q, n_q, block, begin, end, kv_head, scale, scores, stride);
+    for_each_outlier(block, end, kv_head, [&](int t, int d, float delta) {
+      if (t < begin) return;
+      for (int i = 0; i < n_q; ++i) scores[size_t(i) * stride + t] += scale * q[size_t(i) * shape_.head_dim + d] * delta;
+    });
+  }
+  void score_spans(const float* q_spans, int n_q, const uint8_t* block, int n, int span, int kv_head, float scale,
+                   float* scores, int stride) const override {
+    inner_->score_spans(q_spans, n_q, block, n, span, kv_head, scale, scores, stride);
+    add_score_terms(block, n_q, n, kv_head, scale, scores, stride,
+                    [&](int t, int i) { return q_spans + (size_t(t / span) * n_q + i) * shape_.head_dim; });
+  }
   // Pre-RoPE keys against queries rotated back to the block's start: each
   // outlier term meets key t's rotation by offset t, which moves delta e_d
   // to delta (cos_d e_d - sin_(d^1) e_(d^1)) in rope's table rows.
