@@ -178,6 +178,10 @@ class KvCodec {
   //   scores[i * stride + t] = scale * dot(q + i * head_dim, rope(key_t, t))
   // Returns false, writing nothing, where the codec has no such kernel;
   // callers then rotate the query per key and call score_tokens.
+  virtual bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
+                             const RopeTable& rope, float* scores, int stride) const {
+    return false;
+  }
   // As score, for tokens [begin, end) of the block only (scores elsewhere in
   // the rows are left alone): keys stored within RoPE spans
   // (KvCodecConfig::rope_span), one rotated query set per span. The default
@@ -186,14 +190,10 @@ class KvCodec {
                           float scale, float* scores, int stride) const;
   // Every span of the first n tokens at once: tokens [s * span, (s + 1) *
   // span) against query set s of q_spans ((n + span - 1) / span, n_q,
-  // head_dim). The default calls score_span per span; channel codecs decode
-  // each token group's scales once for all its spans.
+  // head_dim). The default calls score_span per span; channel codecs (on
+  // AVX-512 builds) decode each token group's scales once for all its spans.
   virtual void score_spans(const float* q_spans, int n_q, const uint8_t* block, int n, int span, int kv_head,
                            float scale, float* scores, int stride) const;
-  virtual bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
-                             const RopeTable& rope, float* scores, int stride) const {
-    return false;
-  }
   // Weighted sum of the first n values of the block:
   //   out[i * head_dim + d] += sum_t weights[i * stride + t] * value_t[kv_head][d]
   // Weights are >= 0 (softmax weights): the integer codecs fold them with the

@@ -96,7 +96,7 @@ void apply_kv_preset(KvCacheOptions& options, const std::string& name, bool keep
     // INT2's keys are rotated within 16-token spans (KvCodecConfig::rope_span):
     // one query rotation per span and the integer channel-major kernel,
     // instead of a float kernel that rotates every key. At 16K int2-small
-    // decodes at 1.29-1.30x FP16 instead of 0.84-0.96x, int2 at 1.24-1.26x
+    // decoded at 1.29-1.30x FP16 instead of 0.84-0.96x, int2 at 1.24-1.26x
     // instead of 0.85-0.92x, for TinyStories KL 0.0191 -> 0.0226 and 0.0246
     // -> 0.0328 (BENCHMARKS.md, "Keys rotated within 16-token spans").
     if (options.k.pre_rope && bs > 0) options.k.rope_span = std::gcd(16, bs);
