@@ -629,6 +629,19 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         }
     });
   }
+  // The byte kernels' accumulators: (query, four vectors of 16 lanes).
+  template <int NQ>
+  static void zero_accumulators(__m512i (&acc)[NQ][4]) {
+    #pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i)
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) acc[i][k] = _mm512_setzero_si512();
+  }
+  // o[0..16) += sum * step + bias, sum an accumulator's 16 integer lanes.
+  static void add_scaled(float* o, __m512i sum, float step, float bias) {
+    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(step),
+                                                                        _mm512_set1_ps(bias))));
+  }
   // accumulate_quads for 2-bit codes. A unit of 64 channels is 16 bytes per
   // token (byte p: channels 4p .. 4p + 3, two bits each from bit 0), so four
   // tokens' bytes fill one vector. Output vector v (channels 16v .. 16v + 15)
@@ -653,10 +666,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     const __m512i low2 = _mm512_set1_epi8(0x03);
     for (int unit = 0; unit * 64 < hd; ++unit) {
       __m512i acc[NQ][4];
-      #pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i)
-        #pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_si512();
+      zero_accumulators<NQ>(acc);
       const uint8_t* base = codes + size_t(unit) * 16;
       for (int t = 0; t < n4; t += 4) {
         const uint8_t* p = base + size_t(t) * row;
@@ -681,12 +691,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i)
         #pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) {
-          float* o = out + size_t(i) * hd + unit * 64 + 16 * v;
-          _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][v]),
-                                                                                 _mm512_set1_ps(step[i]),
-                                                                                 _mm512_set1_ps(bias[i]))));
-        }
+        for (int v = 0; v < 4; ++v) add_scaled(out + size_t(i) * hd + unit * 64 + 16 * v, acc[i][v], step[i], bias[i]);
     }
   }
   // NQ queries; u: (NQ, uquads) int32 = four 8-bit weights of tokens 4j ..
@@ -717,10 +722,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     };
     for (int unit = 0; unit * 64 < hd; ++unit) {
       __m512i acc[NQ][4];
-      #pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i)
-        #pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) acc[i][k] = _mm512_setzero_si512();
+      zero_accumulators<NQ>(acc);
       const uint8_t* base = codes + size_t(unit) * 32;
       for (int t = 0; t < n4; t += 4) {
         const __m512i a = rows(base + size_t(t) * row), b = rows(base + size_t(t + 2) * row);
@@ -742,11 +744,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         for (int h = 0; h < 2; ++h)
           #pragma GCC unroll 2
           for (int m = 0; m < 2; ++m) {
-            const __m512i v = _mm512_permutex2var_epi32(acc[i][2 * h], order[m], acc[i][2 * h + 1]);
-            float* o = out + size_t(i) * hd + unit * 64 + 32 * h + 16 * m;
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_fmadd_ps(_mm512_cvtepi32_ps(v),
-                                                                                   _mm512_set1_ps(step[i]),
-                                                                                   _mm512_set1_ps(bias[i]))));
+            add_scaled(out + size_t(i) * hd + unit * 64 + 32 * h + 16 * m,
+                       _mm512_permutex2var_epi32(acc[i][2 * h], order[m], acc[i][2 * h + 1]), step[i], bias[i]);
           }
     }
   }
