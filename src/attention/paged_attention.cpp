@@ -47,13 +47,14 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   // under it), then by the rest, under kCoarse + bs. Both read rows the
   // blocks share, which stay in cache; one row per block at its own
   // position missed it (rotate_back 8-9% of int2-small's step at 16K).
+  // (Positions stay below the rope table's size: the context-length check;
+  // sinks keep them under budget + a block.)
   constexpr int32_t kCoarse = 1024;
   const size_t set = size_t(group) * size_t(head_dim);
   float* coarse_q = pre_rope ? scratch.rotated.data() + size_t(bs) * set : nullptr;  // rotated back by coarse_pos
   int32_t coarse_pos = -1;
   auto score_spans = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
     const int32_t first = b * bs, coarse = first / kCoarse * kCoarse;
-    if (first + n > cache.rope_table().max_pos()) return false;  // the per-key path rewrites the whole block
     if (coarse != coarse_pos) {
       cache.rope_table().rotate_back(q, group, coarse, coarse_q);
       coarse_pos = coarse;
@@ -62,7 +63,6 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     for (int s0 = 0; s0 < n; s0 += rope_span)
       cache.rope_table().rotate_back(coarse_q, group, first - coarse + s0, sets + size_t(s0 / rope_span) * set);
     k.codec->score_spans(sets, group, k.data, n, rope_span, kv_head, scale, block_scores, stride);
-    return true;
   };
   // What the query is rotated back by for the key in `slot`: its RoPE
   // position, less the rotation the key was stored with; `evicted` (masked
@@ -97,11 +97,9 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
         if (rotation == kEvicted) rotation = r;
         else if (r != rotation && r != kEvicted) break;
       }
-      if (rotation >= cache.rope_table().max_pos()) return false;
       rotate_query(rotation == kEvicted ? 0 : rotation, run_q);
       k.codec->score_span(run_q, group, k.data, t0, t1, kv_head, scale, block_scores, stride);
     }
-    return true;
   };
   int32_t span = 0;  // columns of the rows in use
   HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); });
@@ -115,11 +113,12 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
       k.codec->score(q, group, k.data, n, kv_head, scale, block_scores, stride);
-    } else if (spans_aligned && score_spans(k, b, n, block_scores)) {
-      // Keys at positions b * bs + t, stored rotated by t mod rope_span.
-    } else if (rope_span > 1 && !spans_aligned && score_runs(k, b, n, block_scores)) {
-      // Keys in spans after an eviction: one query set per run of slots.
-    } else if (rope_span == 1 && !moved && rotate_block_query(b * bs) &&
+    } else if (rope_span > 1) {
+      // Keys at positions b * bs + t, stored rotated by t mod rope_span;
+      // after an eviction, one query set per run of slots.
+      if (spans_aligned) score_spans(k, b, n, block_scores);
+      else score_runs(k, b, n, block_scores);
+    } else if (!moved && rotate_block_query(b * bs) &&
                k.codec->score_offsets(scratch.rotated.data(), group, k.data, n, kv_head, scale, cache.rope_table(),
                                       block_scores, stride)) {
       // Keys at positions b * bs + t: the query rotated back once per block,
@@ -127,10 +126,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     } else {
       // Keys are stored before RoPE: q·rope(k, p) = rotate_back(q, p)·k.
       float* rq = scratch.rotated.data();  // (n, group, head_dim)
-      for (int t = 0; t < n; ++t) {
-        const int32_t rotation = query_rotation(b * bs + t);
-        rotate_query(rotation == kEvicted ? 0 : rotation, rq + size_t(t) * set);
-      }
+      for (int t = 0; t < n; ++t) rotate_query(query_rotation(b * bs + t), rq + size_t(t) * set);
       k.codec->score_tokens(rq, group, k.data, n, kv_head, scale, block_scores, stride);
     }
     if (masked || !sparsity.keep.empty())
