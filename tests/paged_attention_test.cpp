@@ -91,10 +91,60 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
           const double tolerance =
               2e-5 + testing_attention::rounding_allowance(cache, 1, table, ctx, h, group, head_dim, q.data());
           for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], tolerance) << kc.describe() << "+" << vc.describe() << " bs " << bs << " ctx " << ctx;
+          // The same pass cut into parts of whole blocks and merged
+          // (decode across threads) gives the same output.
+          const int32_t blocks = (ctx + bs - 1) / bs;
+          std::vector<int32_t> ids(static_cast<size_t>(blocks));
+          std::iota(ids.begin(), ids.end(), 0);
+          for (int parts : {2, 3}) {
+            if (parts > blocks) continue;
+            std::vector<float> outs(size_t(parts) * q.size()), stats(size_t(parts) * size_t(group) * 2), merged(q.size());
+            for (int p = 0; p < parts; ++p) {
+              AttentionSparsity sp;
+              const int32_t b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
+              sp.blocks = std::span<const int32_t>(ids.data() + b0, size_t(b1 - b0));
+              sp.softmax_stats = stats.data() + size_t(p) * size_t(group) * 2;
+              attend_kv_head(cache, 1, table, ctx, h, group, head_dim, q.data(), outs.data() + size_t(p) * q.size(),
+                             scratch, sp);
+            }
+            merge_attention_parts(outs.data(), stats.data(), parts, group, head_dim, merged.data());
+            for (size_t i = 0; i < out.size(); ++i)
+              EXPECT_NEAR(merged[i], ref[i], tolerance) << kc.describe() << "+" << vc.describe() << " bs " << bs << " ctx " << ctx << " parts " << parts;
+          }
         }
       }
     }
   }
+}
+
+// Parts that read nothing (every slot evicted) add nothing; a query whose
+// parts all read nothing gets a zero output, as one pass gives.
+TEST(PagedAttention, MergeSkipsPartsWithoutWeight) {
+  const int group = 2, head_dim = 3;
+  // Part 0: query 0 max 1, sum 2; query 1 read nothing. Part 1: query 0 max 3,
+  // sum 1; query 1 read nothing either (max -inf, sum 0, output NaN).
+  const float nan = std::nanf("");
+  std::vector<float> outs = {1, 2, 3, nan, nan, nan, 5, 6, 7, nan, nan, nan};
+  std::vector<float> stats = {1, 2, -INFINITY, 0, 3, 1, -INFINITY, 0};
+  std::vector<float> out(6, 42.0f);
+  merge_attention_parts(outs.data(), stats.data(), 2, group, head_dim, out.data());
+  const double w0 = 2 * std::exp(1.0 - 3.0), w1 = 1;  // each part's weight mass against the largest score
+  for (int d = 0; d < head_dim; ++d) {
+    EXPECT_NEAR(out[size_t(d)], (w0 * outs[size_t(d)] + w1 * outs[size_t(6 + d)]) / (w0 + w1), 1e-6);
+    EXPECT_EQ(out[size_t(head_dim + d)], 0.0f);
+  }
+}
+
+TEST(PagedAttention, PartsOnlyWhenThreadsWouldIdle) {
+  EXPECT_EQ(attention_parts(8, 16, 16384, 64, 1024), 2);   // 8 KV heads on 16 threads: 16 passes
+  EXPECT_EQ(attention_parts(3, 16, 16384, 64, 1024), 16);  // 48 passes, 3 a thread
+  EXPECT_EQ(attention_parts(1, 2, 16384, 64, 1024), 2);
+  EXPECT_EQ(attention_parts(3, 16, 4096, 64, 1024), 4);    // capped by the part's least size
+  EXPECT_EQ(attention_parts(8, 16, 1500, 16, 1024), 1);    // under two parts' worth
+  EXPECT_EQ(attention_parts(8, 2, 16384, 64, 1024), 1);    // a pass for every thread already
+  EXPECT_EQ(attention_parts(8, 8, 16384, 64, 1024), 1);
+  EXPECT_EQ(attention_parts(1, 1, 16384, 64, 1024), 1);    // one thread
+  EXPECT_EQ(attention_parts(2, 6, 100, 1, 1), 3);
 }
 
 // A double-precision reference over the slots read(slot) admits.

@@ -101,6 +101,26 @@ TEST_F(StoriesTransformer, BatchOfSequencesEqualsSeparateRuns) {
   }
 }
 
+// Decode with too few (token, KV head) passes for the threads cuts each
+// context into parts of whole blocks, merged after (attention_parts): the
+// logits stay those of one pass per head.
+TEST_F(StoriesTransformer, DecodeAttentionInPartsEqualsOnePass) {
+  std::vector<int32_t> longer = tokens;
+  for (int i = 0; i < 5; ++i) longer.insert(longer.end(), tokens.begin() + 1, tokens.end());
+  KvCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 64;
+  KvCache small_blocks(model->config(), o);
+  const auto whole = run(*tf, small_blocks, longer, longer.size());
+  // More threads than KV heads; parts of two blocks and more.
+  ThreadPool wide(3 * model->config().n_kv_heads);
+  Transformer split(*model, wide);
+  split.set_attention_part_tokens(8);
+  ASSERT_EQ(attention_parts(model->config().n_kv_heads, wide.num_threads(), int32_t(longer.size()), 4, 8), 3);
+  expect_close(run(split, small_blocks, longer, 1), whole, 1e-4f);
+  expect_close(run(split, small_blocks, longer, 2), whole, 1e-4f);  // 2 tokens: 8 passes, still under 12 threads
+}
+
 TEST_F(StoriesTransformer, Fp16CacheStaysCloseToFp32) {
   KvCacheOptions o;
   o.num_blocks = 64;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <numeric>
 
 #include "attention/head_slice_prefetch.h"
 #include "kernels/vector_ops.h"
@@ -143,8 +144,13 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   if (scratch.inv_sums.size() < size_t(group)) scratch.inv_sums.resize(size_t(group));
   float* inv_sum = scratch.inv_sums.data();
   for (int i = 0; i < group; ++i) {
-    const float sum = exp_shifted(scores + i * stride, span);
+    float max_score;
+    const float sum = exp_shifted(scores + i * stride, span, &max_score);
     inv_sum[i] = sum > 0 ? 1.0f / sum : 0.0f;  // nothing read: a zero output, as before
+    if (sparsity.softmax_stats != nullptr) {
+      sparsity.softmax_stats[2 * i] = max_score;
+      sparsity.softmax_stats[2 * i + 1] = sum > 0 ? sum : 0.0f;  // NaN when every score is -inf
+    }
   }
   if (sparsity.weights != nullptr) {
     if (selected) std::fill(sparsity.weights, sparsity.weights + n_ctx, 0.0f);
@@ -168,6 +174,41 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   }
   for (int i = 0; i < group; ++i)
     for (int d = 0; d < head_dim; ++d) out[size_t(i) * head_dim + d] *= inv_sum[i];
+}
+
+void merge_attention_parts(const float* outs, const float* stats, int parts, int group, int head_dim, float* out) {
+  std::fill(out, out + size_t(group) * size_t(head_dim), 0.0f);
+  for (int i = 0; i < group; ++i) {
+    float top = -INFINITY;
+    for (int p = 0; p < parts; ++p) {
+      const float* s = stats + (size_t(p) * size_t(group) + size_t(i)) * 2;
+      if (s[1] > 0) top = std::max(top, s[0]);
+    }
+    if (top == -INFINITY) continue;  // no part read anything: a zero output, as a single pass gives
+    // Part p's weights were divided by its own sum; in the whole pass they
+    // are exp(score - top) / total, i.e. its output times sum_p e^(max_p - top).
+    float total = 0;
+    float* o = out + size_t(i) * size_t(head_dim);
+    for (int p = 0; p < parts; ++p) {
+      const float* s = stats + (size_t(p) * size_t(group) + size_t(i)) * 2;
+      if (!(s[1] > 0)) continue;
+      const float w = s[1] * std::exp(s[0] - top);
+      total += w;
+      const float* po = outs + (size_t(p) * size_t(group) + size_t(i)) * size_t(head_dim);
+      for (int d = 0; d < head_dim; ++d) o[d] += w * po[d];
+    }
+    const float inv = 1.0f / total;
+    for (int d = 0; d < head_dim; ++d) o[d] *= inv;
+  }
+}
+
+int attention_parts(int64_t units, int threads, int32_t n_ctx, int32_t block_size, int32_t min_part_tokens) {
+  if (threads <= 1 || units <= 0 || units >= threads) return 1;
+  // The fewest parts that give every thread the same number of passes.
+  const int64_t parts = int64_t(threads) / std::gcd(units, int64_t(threads));
+  const int64_t blocks = (int64_t(n_ctx) + block_size - 1) / block_size;
+  const int64_t min_blocks = std::max<int64_t>(1, (int64_t(min_part_tokens) + block_size - 1) / block_size);
+  return int(std::max<int64_t>(1, std::min(parts, blocks / min_blocks)));
 }
 
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,

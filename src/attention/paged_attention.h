@@ -33,6 +33,11 @@ struct AttentionSparsity {
   // the group's query heads (0 for slots not read or evicted). Policies that
   // score tokens by the attention they receive (h2o, snapkv) read it.
   float* weights = nullptr;
+  // When set: (group, 2) floats, each query head's largest scaled score over
+  // the blocks read and the sum of exp(score - largest). Passes over
+  // disjoint block ranges then merge into the whole pass's output
+  // (merge_attention_parts): decode splits a long context across threads.
+  float* softmax_stats = nullptr;
 };
 
 // The attention output of the query heads that share KV head `kv_head`, for
@@ -46,6 +51,21 @@ struct AttentionSparsity {
 void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                     int kv_head, int group, int head_dim, const float* q, float* out,
                     AttentionScratch& scratch, const AttentionSparsity& sparsity = {});
+
+// Merges `parts` attention outputs of one KV head's query group over disjoint
+// block ranges into the output over their union, exactly as one pass would
+// weigh them: part p's output (group, head_dim) at outs + p * group *
+// head_dim, its softmax_stats at stats + p * group * 2. A part with no weight
+// (nothing read, every slot evicted) adds nothing; out is (group, head_dim).
+void merge_attention_parts(const float* outs, const float* stats, int parts, int group, int head_dim, float* out);
+
+// Decode attention split across threads (flash-decoding): how many parts of
+// consecutive blocks each of `units` (token, KV head) passes over n_ctx
+// slots is cut into when there are fewer passes than threads (one sequence
+// of a model with few KV heads on many cores): the fewest that give every
+// thread as many parts. 1 (no split) with passes for every thread, or when
+// a part would hold under min_part_tokens; parts are whole blocks.
+int attention_parts(int64_t units, int threads, int32_t n_ctx, int32_t block_size, int32_t min_part_tokens);
 
 // Scalar reference: decodes every live token with the codec and computes the
 // same result in double precision. Same shapes as attend_kv_head; weights,

@@ -66,9 +66,19 @@ class Transformer {
   // Replaces the observer (nullptr: none).
   void set_kv_observer(KvObserver observer) { observer_ = std::move(observer); }
   void set_query_observer(QueryObserver observer) { query_observer_ = std::move(observer); }
+  // The fewest tokens of a part when decode attention splits a context
+  // across threads (attention_parts); tests lower it to split short contexts.
+  // KVSERVE_ATTENTION_PARTS=0 in the environment turns the split off (for
+  // benchmarks: bench/ measures with and without).
+  void set_attention_part_tokens(int32_t tokens) { attention_part_tokens_ = tokens; }
+  static constexpr int32_t kAttentionPartTokens = 1024;
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
+  // Attention of n tokens (tables[t], seeing n_ctx[t] slots) for every KV
+  // head of `layer`, into att_, without sparsity policies.
+  void attend_dense(const KvCache& cache, int layer, const std::vector<const BlockTable*>& tables,
+                    const std::vector<int32_t>& n_ctx);
 
   const Model& model_;
   const ModelConfig& config_;
@@ -87,6 +97,22 @@ class Transformer {
   AlignedBuffer<float> rows_;   // (rows, dim) final hidden states of the tokens that want logits
   std::vector<AttentionScratch> scratch_;  // (threads)
   KvObserver observer_;
+
+  // Attention work: one (token, KV head) pass over blocks [first_block,
+  // end_block), claimed by threads one at a time. A pass cut into parts
+  // writes its part's output and softmax stats to part_out_ / part_stats_
+  // at `part`; whole passes write att_ directly (part = -1).
+  struct AttentionWork {
+    int64_t token;
+    int kv_head;
+    int32_t first_block, end_block;
+    int32_t part;
+  };
+  std::vector<AttentionWork> attention_work_;
+  std::vector<int32_t> block_ids_;      // 0, 1, 2, ...: the blocks a part reads
+  std::vector<float> part_out_;         // (parts, group, head_dim)
+  std::vector<float> part_stats_;       // (parts, group, 2)
+  int32_t attention_part_tokens_;
 
   // Sparsity policies' per-thread scratch.
   struct PolicyScratch {

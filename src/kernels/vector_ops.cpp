@@ -60,8 +60,11 @@ void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t 
   for (int64_t i = 0; i < n; ++i) out[i] = float(double(weight[i]) * scale * double(x[i]));
 }
 
-float exp_shifted(float* x, int64_t n) {
-  if (n <= 0) return 0.0f;
+float exp_shifted(float* x, int64_t n, float* max_out) {
+  if (n <= 0) {
+    if (max_out != nullptr) *max_out = -INFINITY;
+    return 0.0f;
+  }
   float max_val = x[0];
 #if defined(__AVX512F__)
   __m512 vmax = _mm512_set1_ps(x[0]);
@@ -69,6 +72,7 @@ float exp_shifted(float* x, int64_t n) {
     vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, tail_mask(n - i), x + i));
   }
   max_val = _mm512_reduce_max_ps(vmax);
+  if (max_out != nullptr) *max_out = max_val;
   const __m512 shift = _mm512_set1_ps(max_val);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
@@ -80,6 +84,7 @@ float exp_shifted(float* x, int64_t n) {
   return _mm512_reduce_add_ps(vsum);
 #else
   for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);
+  if (max_out != nullptr) *max_out = max_val;
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     x[i] = std::exp(x[i] - max_val);

@@ -14,7 +14,8 @@ void rmsnorm_reference(float* out, const float* x, const float* weight, int64_t 
 void softmax(float* x, int64_t n);
 // softmax without the division: x_i := exp(x_i - max x), in [0, 1]; returns
 // their sum. Attention divides its n_q outputs once instead of every weight.
-float exp_shifted(float* x, int64_t n);
+// max_out, when given, receives max x (its -inf for an all -inf row).
+float exp_shifted(float* x, int64_t n, float* max_out = nullptr);
 void softmax_reference(float* x, int64_t n);
 
 // SwiGLU: gate[i] = silu(gate[i]) * up[i], for n values.
