@@ -57,6 +57,9 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (o.kv_group >= 0) k.k.group_size = k.v.group_size = o.kv_group;
   if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
   if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
+  // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
+  // float type keep RoPE applied, as --kv-layers gives them, unless asked.
+  if (!kv_dtype_is_quantized(k.k.dtype)) k.k.pre_rope = false, k.k.rope_span = 1;
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
   if (o.kv_k_rope_span != 0) {
     if (o.kv_k_rope_span < 1) fail("--kv-k-rope-span must be >= 1 (got {})", o.kv_k_rope_span);

@@ -83,6 +83,11 @@ add_test(NAME cli.bench_compare_block_size_json COMMAND ${CMAKE_COMMAND}
   "-DFIELDS=decode_speedup;block_size;compare_block_size"
   "-DEQUALS=block_size=64;compare_block_size=16"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+# A preset's keys given a float type drop the preset's pre-RoPE spans.
+add_test(NAME cli.preset_float_keys_after_rope COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int2;--kv-k;fp16;--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
+  "-DFIELDS=kv_dtype" "-DEQUALS=kv_dtype=K fp16 V int2/token/g8"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
   bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
