@@ -121,18 +121,22 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
 // parts all read nothing gets a zero output, as one pass gives.
 TEST(PagedAttention, MergeSkipsPartsWithoutWeight) {
   const int group = 2, head_dim = 3;
-  // Part 0: query 0 max 1, sum 2; query 1 read nothing. Part 1: query 0 max 3,
-  // sum 1; query 1 read nothing either (max -inf, sum 0, output NaN).
+  // Part 0: query 0 max 1, sum 2; query 1 read nothing (max -inf, sum 0,
+  // output NaN). Part 1: query 0 max 3, sum 1; query 1 max 0.5, sum 3.
   const float nan = std::nanf("");
-  std::vector<float> outs = {1, 2, 3, nan, nan, nan, 5, 6, 7, nan, nan, nan};
-  std::vector<float> stats = {1, 2, -INFINITY, 0, 3, 1, -INFINITY, 0};
+  std::vector<float> outs = {1, 2, 3, nan, nan, nan, 5, 6, 7, 8, 9, 10};
+  std::vector<float> stats = {1, 2, -INFINITY, 0, 3, 1, 0.5f, 3};
   std::vector<float> out(6, 42.0f);
   merge_attention_parts(outs.data(), stats.data(), 2, group, head_dim, out.data());
   const double w0 = 2 * std::exp(1.0 - 3.0), w1 = 1;  // each part's weight mass against the largest score
   for (int d = 0; d < head_dim; ++d) {
     EXPECT_NEAR(out[size_t(d)], (w0 * outs[size_t(d)] + w1 * outs[size_t(6 + d)]) / (w0 + w1), 1e-6);
-    EXPECT_EQ(out[size_t(head_dim + d)], 0.0f);
+    EXPECT_NEAR(out[size_t(head_dim + d)], outs[size_t(9 + d)], 1e-6);  // part 1 alone
   }
+  // Every part empty for a query: a zero output.
+  std::vector<float> empty_stats = {-INFINITY, 0, -INFINITY, 0, -INFINITY, 0, -INFINITY, 0};
+  merge_attention_parts(outs.data(), empty_stats.data(), 2, group, head_dim, out.data());
+  for (float x : out) EXPECT_EQ(x, 0.0f);
 }
 
 TEST(PagedAttention, PartsOnlyWhenThreadsWouldIdle) {

@@ -119,6 +119,26 @@ TEST_F(StoriesTransformer, DecodeAttentionInPartsEqualsOnePass) {
   ASSERT_EQ(attention_parts(model->config().n_kv_heads, wide.num_threads(), int32_t(longer.size()), 4, 8), 3);
   expect_close(run(split, small_blocks, longer, 1), whole, 1e-4f);
   expect_close(run(split, small_blocks, longer, 2), whole, 1e-4f);  // 2 tokens: 8 passes, still under 12 threads
+
+  // Two sequences of different lengths decoding in one step: each token's
+  // passes are cut by its own context (8 passes, 3 parts each).
+  const std::vector<std::vector<int32_t>> prompts = {longer, std::vector<int32_t>(longer.begin(), longer.begin() + 30)};
+  std::vector<BlockTable> tables(2);
+  std::vector<BatchEntry> batch(2);
+  Logits logits;
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(small_blocks.reserve(tables[i], int32_t(prompts[i].size())));
+    std::vector<BatchEntry> one = {{&tables[i], std::span<const int32_t>(prompts[i].data(), prompts[i].size() - 1), false}};
+    split.forward(one, small_blocks, logits);
+    batch[i] = {&tables[i], std::span<const int32_t>(&prompts[i].back(), 1), false};
+  }
+  split.forward(batch, small_blocks, logits);
+  for (size_t i = 0; i < 2; ++i) {
+    const float* got = logits.last(i, batch);
+    const float* want = whole.data() + (prompts[i].size() - 1) * size_t(logits.vocab);
+    expect_close(std::vector<float>(got, got + logits.vocab), std::vector<float>(want, want + logits.vocab), 1e-4f);
+    small_blocks.release(tables[i]);
+  }
 }
 
 TEST_F(StoriesTransformer, Fp16CacheStaysCloseToFp32) {

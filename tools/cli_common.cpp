@@ -57,9 +57,6 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (o.kv_group >= 0) k.k.group_size = k.v.group_size = o.kv_group;
   if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
   if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
-  // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
-  // float type keep RoPE applied, as --kv-layers gives them, unless asked.
-  if (!kv_dtype_is_quantized(k.k.dtype)) k.k.pre_rope = false, k.k.rope_span = 1;
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
   if (o.kv_k_rope_span != 0) {
     if (o.kv_k_rope_span < 1) fail("--kv-k-rope-span must be >= 1 (got {})", o.kv_k_rope_span);
@@ -90,6 +87,17 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
     fail("--kv-scales static needs --kv-calibration (run `kvserve calibrate` first)");
   }
   if (!o.kv_layers.empty()) apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
+  // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
+  // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,
+  // unless the flags ask for pre-RoPE keys or a span. Layers set back to a
+  // quantized type keep the preset's storage.
+  if (!o.kv_k_pre_rope && o.kv_k_rope_span == 0) {
+    auto after_rope_if_float = [](KvCodecConfig& c) {
+      if (!kv_dtype_is_quantized(c.dtype)) c.pre_rope = false, c.rope_span = 1;
+    };
+    after_rope_if_float(k.k);
+    for (KvLayerCodecs& layer : k.layers) after_rope_if_float(layer.k);
+  }
   if (o.kv_blocks < 0) fail("--kv-blocks must be positive (got {})", o.kv_blocks);
   k.num_blocks = o.kv_blocks;
   if (!o.kv_memory.empty()) k.budget_bytes = parse_bytes(o.kv_memory);

@@ -99,7 +99,7 @@ class Transformer {
   KvObserver observer_;
 
   // Attention work: one (token, KV head) pass over blocks [first_block,
-  // end_block), claimed by threads one at a time. A pass cut into parts
+  // end_block); each thread takes a contiguous range. A pass cut into parts
   // writes its part's output and softmax stats to part_out_ / part_stats_
   // at `part`; whole passes write att_ directly (part = -1).
   struct AttentionWork {

@@ -88,6 +88,12 @@ add_test(NAME cli.preset_float_keys_after_rope COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int2;--kv-k;fp16;--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
   "-DFIELDS=kv_dtype" "-DEQUALS=kv_dtype=K fp16 V int2/token/g8"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+# ... while a layer set back to int2 keeps them.
+add_test(NAME cli.preset_layer_back_to_int2_keeps_spans COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int2;--kv-k;fp16;--kv-layers;1:int2;--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
+  "-DFIELDS=kv_dtype"
+  "-DEQUALS=kv_dtype=0:K fp16 V int2/token/g8, 1:K int2/channel/g32+prerope16 V int2/token/g8, 2:K fp16 V int2/token/g8, 3:K fp16 V int2/token/g8, 4:K fp16 V int2/token/g8"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
   bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
