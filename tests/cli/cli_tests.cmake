@@ -83,17 +83,20 @@ add_test(NAME cli.bench_compare_block_size_json COMMAND ${CMAKE_COMMAND}
   "-DFIELDS=decode_speedup;block_size;compare_block_size"
   "-DEQUALS=block_size=64;compare_block_size=16"
   -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
-# A preset's keys given a float type drop the preset's pre-RoPE spans.
-add_test(NAME cli.preset_float_keys_after_rope COMMAND ${CMAKE_COMMAND}
-  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int2;--kv-k;fp16;--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
-  "-DFIELDS=kv_dtype" "-DEQUALS=kv_dtype=K fp16 V int2/token/g8"
-  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
-# ... while a layer set back to int2 keeps them.
-add_test(NAME cli.preset_layer_back_to_int2_keeps_spans COMMAND ${CMAKE_COMMAND}
-  "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int2;--kv-k;fp16;--kv-layers;1:int2;--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
-  "-DFIELDS=kv_dtype"
-  "-DEQUALS=kv_dtype=0:K fp16 V int2/token/g8, 1:K int2/channel/g32+prerope16 V int2/token/g8, 2:K fp16 V int2/token/g8, 3:K fp16 V int2/token/g8, 4:K fp16 V int2/token/g8"
-  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+# The KV layout a preset and flags give (`bench --json`'s kv_dtype). A
+# preset's keys given a float type drop its pre-RoPE spans, while a layer set
+# back to int2 keeps them.
+function(kvserve_kv_dtype_test name expected)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND}
+    "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;${ARGN};--prompt-tokens;32;--gen-tokens;2;--bandwidth-mib;16;--json"
+    "-DFIELDS=kv_dtype" "-DEQUALS=kv_dtype=${expected}" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+endfunction()
+kvserve_kv_dtype_test(cli.preset_float_keys_after_rope "K fp16 V int2/token/g8" --kv-preset int2 --kv-k fp16)
+kvserve_kv_dtype_test(cli.preset_layer_back_to_int2_keeps_spans
+  "0:K fp16 V int2/token/g8, 1:K int2/channel/g32+prerope16 V int2/token/g8, 2:K fp16 V int2/token/g8, 3:K fp16 V int2/token/g8, 4:K fp16 V int2/token/g8"
+  --kv-preset int2 --kv-k fp16 --kv-layers 1:int2)
+kvserve_kv_dtype_test(cli.preset_explicit_span_keeps_pre_rope "K fp16+prerope16 V int2/token/g8"
+  --kv-preset int2 --kv-k fp16 --kv-k-rope-span 16)
 kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
   bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
