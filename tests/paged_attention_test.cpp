@@ -145,10 +145,18 @@ TEST(PagedAttention, PartsOnlyWhenThreadsWouldIdle) {
   EXPECT_EQ(attention_parts(1, 2, 16384, 64, 1024), 2);
   EXPECT_EQ(attention_parts(3, 16, 4096, 64, 1024), 4);    // capped by the part's least size
   EXPECT_EQ(attention_parts(8, 16, 1500, 16, 1024), 1);    // under two parts' worth
-  EXPECT_EQ(attention_parts(8, 2, 16384, 64, 1024), 1);    // a pass for every thread already
-  EXPECT_EQ(attention_parts(8, 8, 16384, 64, 1024), 1);
-  EXPECT_EQ(attention_parts(1, 1, 16384, 64, 1024), 1);    // one thread
   EXPECT_EQ(attention_parts(2, 6, 100, 1, 1), 3);
+  // More passes than threads, not evenly shared: 3 KV heads on 2 threads
+  // (2 passes against 1.5), 8 on 3 or 6 threads.
+  EXPECT_EQ(attention_parts(3, 2, 16384, 64, 1024), 2);
+  EXPECT_EQ(attention_parts(8, 3, 16384, 64, 1024), 3);
+  EXPECT_EQ(attention_parts(8, 6, 16384, 64, 1024), 3);
+  // Evenly shared already, or too little to gain: no split.
+  EXPECT_EQ(attention_parts(8, 2, 16384, 64, 1024), 1);
+  EXPECT_EQ(attention_parts(8, 8, 16384, 64, 1024), 1);
+  EXPECT_EQ(attention_parts(25, 8, 16384, 64, 1024), 8);   // 4 passes against 3.125 in eighths
+  EXPECT_EQ(attention_parts(81, 8, 16384, 64, 1024), 1);   // 11 against 10.125: under a tenth
+  EXPECT_EQ(attention_parts(1, 1, 16384, 64, 1024), 1);    // one thread
 }
 
 // A double-precision reference over the slots read(slot) admits.

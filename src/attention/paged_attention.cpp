@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <numeric>
 
 #include "attention/head_slice_prefetch.h"
 #include "kernels/vector_ops.h"
@@ -203,12 +202,19 @@ void merge_attention_parts(const float* outs, const float* stats, int parts, int
 }
 
 int attention_parts(int64_t units, int threads, int32_t n_ctx, int32_t block_size, int32_t min_part_tokens) {
-  if (threads <= 1 || units <= 0 || units >= threads) return 1;
-  // The fewest parts that give every thread the same number of passes.
-  const int64_t parts = int64_t(threads) / std::gcd(units, int64_t(threads));
+  if (threads <= 1 || units <= 0) return 1;
   const int64_t blocks = (int64_t(n_ctx) + block_size - 1) / block_size;
   const int64_t min_blocks = std::max<int64_t>(1, (int64_t(min_part_tokens) + block_size - 1) / block_size);
-  return int(std::max<int64_t>(1, std::min(parts, blocks / min_blocks)));
+  const int64_t most = std::min<int64_t>(threads, blocks / min_blocks);
+  // The busiest thread's share, in whole passes, with every pass cut in p:
+  // ceil(units p / threads) parts of 1/p of a pass each.
+  auto busiest = [&](int64_t p) { return double((units * p + threads - 1) / threads) / double(p); };
+  int64_t best = 1;
+  for (int64_t p = 2; p <= most; ++p)
+    if (busiest(p) < busiest(best)) best = p;
+  // A part's start costs a few percent of a pass (its first blocks' misses):
+  // cut only for a tenth off the busiest thread's share.
+  return busiest(best) <= 0.9 * busiest(1) ? int(best) : 1;
 }
 
 void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable& table,

@@ -61,10 +61,12 @@ void merge_attention_parts(const float* outs, const float* stats, int parts, int
 
 // Decode attention split across threads (flash-decoding): how many parts of
 // consecutive blocks each of `units` (token, KV head) passes over n_ctx
-// slots is cut into when there are fewer passes than threads (one sequence
-// of a model with few KV heads on many cores): the fewest that give every
-// thread as many parts. 1 (no split) with passes for every thread, or when
-// a part would hold under min_part_tokens; parts are whole blocks.
+// slots is cut into when the passes do not share out evenly (one sequence
+// of a model with fewer KV heads than threads, or 8 KV heads on 3 or 6
+// threads): the fewest parts, of at least min_part_tokens and at most one
+// per thread, that leave the busiest thread the least work. 1 (no split)
+// unless that takes a tenth off the busiest thread's share; parts are whole
+// blocks.
 int attention_parts(int64_t units, int threads, int32_t n_ctx, int32_t block_size, int32_t min_part_tokens);
 
 // Scalar reference: decodes every live token with the codec and computes the

@@ -19,9 +19,9 @@ void Transformer::attend_dense(const KvCache& cache, int layer, const std::vecto
   const int32_t bs = cache.block_size();
   const int64_t n = int64_t(tables.size());
   const int threads = pool_.num_threads();
-  // One pass per (token, KV head); a long context with too few passes to keep
-  // every thread busy is cut into parts of whole blocks (flash-decoding),
-  // merged below.
+  // One pass per (token, KV head); a long context whose passes would leave
+  // threads idle or unevenly loaded is cut into parts of whole blocks
+  // (flash-decoding, attention_parts), merged below.
   attention_work_.clear();
   int32_t parts_total = 0, most_blocks = 0;
   for (int64_t t = 0; t < n; ++t) {
