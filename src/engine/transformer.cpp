@@ -12,41 +12,43 @@
 
 namespace kvserve {
 
-void Transformer::attend_dense(const KvCache& cache, int layer, const std::vector<const BlockTable*>& tables,
-                               const std::vector<int32_t>& n_ctx) {
+void Transformer::plan_dense_attention(int32_t block_size, const std::vector<int32_t>& n_ctx) {
   const ModelConfig& c = config_;
-  const int head_dim = c.head_dim(), group = c.gqa_group(), q_dim = c.n_heads * head_dim;
-  const int32_t bs = cache.block_size();
-  const int64_t n = int64_t(tables.size());
-  const int threads = pool_.num_threads();
+  const int64_t n = int64_t(n_ctx.size());
   // One pass per (token, KV head); a long context whose passes would leave
   // threads idle or unevenly loaded is cut into parts of whole blocks
-  // (flash-decoding, attention_parts), merged below.
+  // (flash-decoding, attention_parts), merged after the passes.
   attention_work_.clear();
   int32_t parts_total = 0, most_blocks = 0;
   for (int64_t t = 0; t < n; ++t) {
-    const int32_t blocks = (n_ctx[size_t(t)] + bs - 1) / bs;
+    const int32_t blocks = (n_ctx[size_t(t)] + block_size - 1) / block_size;
     most_blocks = std::max(most_blocks, blocks);
-    const int parts = attention_parts(n * c.n_kv_heads, threads, n_ctx[size_t(t)], bs, attention_part_tokens_);
+    const int parts = attention_parts(n * c.n_kv_heads, pool_.num_threads(), n_ctx[size_t(t)], block_size,
+                                      attention_part_tokens_);
     for (int h = 0; h < c.n_kv_heads; ++h) {
       if (parts == 1) {
-        attention_work_.push_back({t, h, 0, blocks, -1});
+        attention_work_.push_back({t, h, 0, blocks, -1, 1});
         continue;
       }
       for (int p = 0; p < parts; ++p)
         attention_work_.push_back({t, h, int32_t(int64_t(blocks) * p / parts), int32_t(int64_t(blocks) * (p + 1) / parts),
-                                   parts_total++});
+                                   parts_total++, parts});
     }
   }
-  if (parts_total > 0) {
-    if (block_ids_.size() < size_t(most_blocks)) {
-      const size_t old = block_ids_.size();
-      block_ids_.resize(size_t(most_blocks));
-      for (size_t i = old; i < block_ids_.size(); ++i) block_ids_[i] = int32_t(i);
-    }
-    part_out_.resize(size_t(parts_total) * size_t(group) * size_t(head_dim));
-    part_stats_.resize(size_t(parts_total) * size_t(group) * 2);
+  if (parts_total == 0) return;
+  if (block_ids_.size() < size_t(most_blocks)) {
+    const size_t old = block_ids_.size();
+    block_ids_.resize(size_t(most_blocks));
+    for (size_t i = old; i < block_ids_.size(); ++i) block_ids_[i] = int32_t(i);
   }
+  part_out_.resize(size_t(parts_total) * size_t(c.gqa_group()) * size_t(c.head_dim()));
+  part_stats_.resize(size_t(parts_total) * size_t(c.gqa_group()) * 2);
+}
+
+void Transformer::attend_dense(const KvCache& cache, int layer, const std::vector<const BlockTable*>& tables,
+                               const std::vector<int32_t>& n_ctx) {
+  const ModelConfig& c = config_;
+  const int head_dim = c.head_dim(), group = c.gqa_group(), q_dim = c.n_heads * head_dim;
   // Contiguous ranges of the work list per thread, as parallel_for splits:
   // a thread keeps whole KV heads. (Threads claiming passes one at a time,
   // so that neighbours read neighbouring heads, made FP16 decode at 16K 8%
@@ -66,19 +68,12 @@ void Transformer::attend_dense(const KvCache& cache, int layer, const std::vecto
                      q_.data() + off, out, scratch_[size_t(thread)], part);
     }
   });
-  // A pass's parts are consecutive in the work list.
-  for (size_t i = 0; i < attention_work_.size();) {
-    const AttentionWork& w = attention_work_[i];
-    if (w.part < 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < attention_work_.size() && attention_work_[j].token == w.token && attention_work_[j].kv_head == w.kv_head) ++j;
-    merge_attention_parts(part_out_.data() + size_t(w.part) * group * head_dim, part_stats_.data() + size_t(w.part) * group * 2,
-                          int(j - i), group, head_dim, att_.data() + size_t(w.token) * q_dim + size_t(w.kv_head) * group * head_dim);
-    i = j;
-  }
+  // Each cut pass, at its first part: its parts are numbered consecutively.
+  for (const AttentionWork& w : attention_work_)
+    if (w.part >= 0 && w.first_block == 0)
+      merge_attention_parts(part_out_.data() + size_t(w.part) * group * head_dim,
+                            part_stats_.data() + size_t(w.part) * group * 2, w.parts, group, head_dim,
+                            att_.data() + size_t(w.token) * q_dim + size_t(w.kv_head) * group * head_dim);
 }
 
 const float* Logits::last(size_t e, const std::vector<BatchEntry>& batch) const {
@@ -194,6 +189,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     token_tables[size_t(t)] = batch[size_t(slots[size_t(t)].entry)].table;
     token_ctx[size_t(t)] = slots[size_t(t)].pos + 1;
   }
+  if (!any_sparse) plan_dense_attention(cache.block_size(), token_ctx);  // the same for every layer
 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& lw = w.layers[size_t(layer)];

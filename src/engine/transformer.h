@@ -69,14 +69,17 @@ class Transformer {
   // The fewest tokens of a part when decode attention splits a context
   // across threads (attention_parts); tests lower it to split short contexts.
   // KVSERVE_ATTENTION_PARTS=0 in the environment turns the split off (for
-  // benchmarks: bench/ measures with and without).
+  // A/B runs; BENCHMARKS.md measures with and without).
   void set_attention_part_tokens(int32_t tokens) { attention_part_tokens_ = tokens; }
   static constexpr int32_t kAttentionPartTokens = 1024;
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
-  // Attention of n tokens (tables[t], seeing n_ctx[t] slots) for every KV
-  // head of `layer`, into att_, without sparsity policies.
+  // The attention passes of n tokens, each seeing n_ctx[t] slots, for every
+  // KV head, into attention_work_ (once per forward: every layer shares it).
+  void plan_dense_attention(int32_t block_size, const std::vector<int32_t>& n_ctx);
+  // Attention of those tokens (tables[t]) for every KV head of `layer`, into
+  // att_, without sparsity policies, as plan_dense_attention laid out.
   void attend_dense(const KvCache& cache, int layer, const std::vector<const BlockTable*>& tables,
                     const std::vector<int32_t>& n_ctx);
 
@@ -101,12 +104,14 @@ class Transformer {
   // Attention work: one (token, KV head) pass over blocks [first_block,
   // end_block); each thread takes a contiguous range. A pass cut into parts
   // writes its part's output and softmax stats to part_out_ / part_stats_
-  // at `part`; whole passes write att_ directly (part = -1).
+  // at `part` (its `parts` parts numbered consecutively); whole passes write
+  // att_ directly (part = -1, parts = 1).
   struct AttentionWork {
     int64_t token;
     int kv_head;
     int32_t first_block, end_block;
     int32_t part;
+    int32_t parts;
   };
   std::vector<AttentionWork> attention_work_;
   std::vector<int32_t> block_ids_;      // 0, 1, 2, ...: the blocks a part reads
