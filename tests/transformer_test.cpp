@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "engine/sampler.h"
+#include "kv/kv_spec.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
 
@@ -139,6 +140,58 @@ TEST_F(StoriesTransformer, DecodeAttentionInPartsEqualsOnePass) {
     expect_close(std::vector<float>(got, got + logits.vocab), std::vector<float>(want, want + logits.vocab), 1e-4f);
     small_blocks.release(tables[i]);
   }
+}
+
+// Prefill chunks read each KV block once per tile of consecutive tokens
+// (tile_attention.h): the logits are those of reading the KV per token, with
+// a quantized cache whose recent blocks are staged in FP16 (sealed for a
+// tile's later tokens only), with chunks that end mid-tile, and in a step
+// that also decodes another sequence.
+TEST_F(StoriesTransformer, PrefillTilesEqualPerTokenPasses) {
+  std::vector<int32_t> longer = tokens;
+  for (int i = 0; i < 5; ++i) longer.insert(longer.end(), tokens.begin() + 1, tokens.end());
+  Transformer per_token(*model, pool);
+  per_token.set_prefill_tile_tokens(1);
+  Transformer tiles(*model, pool);
+  tiles.set_prefill_tile_tokens(6);
+  for (const char* preset : {"fp32", "fp16", "int4-small", "int8"}) {
+    SCOPED_TRACE(preset);
+    KvCacheOptions o;
+    apply_kv_preset(o, preset, true);
+    // Blocks of 16: a tile sums each row's weights in 16 lanes per block,
+    // a token's own pass in 16 lanes along its row, so the sums round alike
+    // only when blocks line up with the lanes. Otherwise they differ by an
+    // ulp, and a cache with rounding steps (FP16, integers) turns that into
+    // a different code for a later layer's key now and then (logits moved by
+    // up to 4e-4 for FP16, 1e-2 for INT8 in 8-token blocks). The kernels'
+    // own results are compared token by token in tile_attention_test.
+    o.block_size = 16;
+    if (o.residual > 0) o.residual = 32;  // two staged blocks
+    o.num_blocks = 64;
+    KvCache quantized(model->config(), o);
+    const auto want = run(per_token, quantized, longer, longer.size());
+    expect_close(run(tiles, quantized, longer, longer.size()), want, 1e-4f);
+    expect_close(run(tiles, quantized, longer, 29), want, 1e-4f);  // tiles of 6, 6, 6, 6, 5 per chunk
+  }
+  // One sequence's chunk and another's decode token in one step.
+  const std::vector<int32_t> other(longer.begin(), longer.begin() + 20);
+  const auto alone = run(per_token, *cache, longer, longer.size());
+  std::vector<BlockTable> tables(2);
+  ASSERT_TRUE(cache->reserve(tables[0], int32_t(longer.size())));
+  ASSERT_TRUE(cache->reserve(tables[1], int32_t(other.size())));
+  Logits logits;
+  std::vector<BatchEntry> first = {{&tables[1], std::span<const int32_t>(other.data(), other.size() - 1), false}};
+  tiles.forward(first, *cache, logits);
+  std::vector<BatchEntry> step = {{&tables[0], std::span<const int32_t>(longer.data(), longer.size()), true},
+                                  {&tables[1], std::span<const int32_t>(&other.back(), 1), false}};
+  tiles.forward(step, *cache, logits);
+  const float* chunk = logits.row(logits.first_row[0]);
+  expect_close(std::vector<float>(chunk, chunk + alone.size()), alone, 1e-4f);
+  const float* decoded = logits.last(1, step);
+  const float* decoded_want = alone.data() + (other.size() - 1) * size_t(logits.vocab);
+  expect_close(std::vector<float>(decoded, decoded + logits.vocab),
+               std::vector<float>(decoded_want, decoded_want + logits.vocab), 1e-4f);
+  for (auto& t : tables) cache->release(t);
 }
 
 TEST_F(StoriesTransformer, Fp16CacheStaysCloseToFp32) {

@@ -17,6 +17,9 @@ struct AttentionScratch {
   std::vector<float> scores;  // (gqa_group, n_ctx rounded up to a block)
   std::vector<float> rotated; // (block_size, gqa_group, head_dim) queries for pre-RoPE keys
   std::vector<float> inv_sums; // (gqa_group) 1 / the sum of each query's unnormalized weights
+  std::vector<float> tile_q;   // (tokens, gqa_group, head_dim) a prefill tile's queries (tile_attention.h)
+  std::vector<float> tile_out; // (tokens, gqa_group, head_dim) its unnormalized outputs
+  std::vector<float> tile_stats; // (2, tokens * gqa_group) each row's largest score, then its exp-sum
 };
 
 // What a sparsity policy asks of one attention call (issue 4). The default

@@ -2,38 +2,79 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
 
+#include "attention/tile_attention.h"
 #include "kernels/matmul.h"
 #include "kernels/vector_ops.h"
 #include "util/error.h"
 
 namespace kvserve {
 
-void Transformer::plan_dense_attention(int32_t block_size, const std::vector<int32_t>& n_ctx) {
+void Transformer::plan_dense_attention(int32_t block_size, const std::vector<const BlockTable*>& tables,
+                                       const std::vector<int32_t>& n_ctx) {
   const ModelConfig& c = config_;
   const int64_t n = int64_t(n_ctx.size());
-  // One pass per (token, KV head); a long context whose passes would leave
-  // threads idle or unevenly loaded is cut into parts of whole blocks
-  // (flash-decoding, attention_parts), merged after the passes.
+  auto blocks_of = [&](int32_t slots) { return (slots + block_size - 1) / block_size; };
+  // Consecutive tokens of one sequence (a prefill chunk) share their passes
+  // in tiles of up to prefill_tile_tokens_, which read each block once;
+  // any other token is a pass of its own.
+  struct Run {
+    int64_t first;
+    int32_t tokens;
+  };
+  std::vector<Run> tiles, singles;
+  for (int64_t t = 0, e; t < n; t = e) {
+    for (e = t + 1; e < n && e - t < prefill_tile_tokens_ && tables[size_t(e)] == tables[size_t(t)] &&
+                    n_ctx[size_t(e)] == n_ctx[size_t(e - 1)] + 1;)
+      ++e;
+    (e - t > 1 ? tiles : singles).push_back({t, int32_t(e - t)});
+  }
   attention_work_.clear();
+  // Tiles head by head: a thread's contiguous range then holds whole heads
+  // of a chunk, whose later tiles read more blocks than its first.
+  for (int h = 0; h < c.n_kv_heads; ++h)
+    for (const Run& r : tiles)
+      attention_work_.push_back({r.first, r.tokens, h, 0, blocks_of(n_ctx[size_t(r.first + r.tokens - 1)]), -1, 1});
+  // A single token's long context whose passes would leave threads idle or
+  // unevenly loaded is cut into parts of whole blocks (flash-decoding,
+  // attention_parts), merged after the passes.
+  const int64_t units = int64_t(tiles.size() + singles.size()) * c.n_kv_heads;
   int32_t parts_total = 0, most_blocks = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t blocks = (n_ctx[size_t(t)] + block_size - 1) / block_size;
+  for (const Run& r : singles) {
+    const int32_t blocks = blocks_of(n_ctx[size_t(r.first)]);
     most_blocks = std::max(most_blocks, blocks);
-    const int parts = attention_parts(n * c.n_kv_heads, pool_.num_threads(), n_ctx[size_t(t)], block_size,
+    const int parts = attention_parts(units, pool_.num_threads(), n_ctx[size_t(r.first)], block_size,
                                       attention_part_tokens_);
     for (int h = 0; h < c.n_kv_heads; ++h) {
       if (parts == 1) {
-        attention_work_.push_back({t, h, 0, blocks, -1, 1});
+        attention_work_.push_back({r.first, 1, h, 0, blocks, -1, 1});
         continue;
       }
       for (int p = 0; p < parts; ++p)
-        attention_work_.push_back({t, h, int32_t(int64_t(blocks) * p / parts), int32_t(int64_t(blocks) * (p + 1) / parts),
-                                   parts_total++, parts});
+        attention_work_.push_back({r.first, 1, h, int32_t(int64_t(blocks) * p / parts),
+                                   int32_t(int64_t(blocks) * (p + 1) / parts), parts_total++, parts});
     }
+  }
+  // Each thread's contiguous range of the work, cut where the blocks read
+  // (times the tokens reading them) are shared most evenly: a chunk's tiles
+  // weigh many decode passes.
+  std::vector<int64_t> cost(attention_work_.size() + 1, 0);  // prefix sums
+  for (size_t i = 0; i < attention_work_.size(); ++i) {
+    const AttentionWork& w = attention_work_[i];
+    cost[i + 1] = cost[i] + int64_t(w.tokens) * (w.end_block - w.first_block);
+  }
+  const int threads = pool_.num_threads();
+  work_ranges_.assign(size_t(threads) + 1, int64_t(attention_work_.size()));
+  work_ranges_[0] = 0;
+  for (int k = 1; k < threads; ++k) {
+    const double target = double(cost.back()) * k / threads;
+    int64_t i = std::lower_bound(cost.begin(), cost.end(), int64_t(std::ceil(target))) - cost.begin();
+    if (i > 0 && target - double(cost[size_t(i - 1)]) < double(cost[size_t(i)]) - target) --i;  // the nearer cut
+    work_ranges_[size_t(k)] = std::max(work_ranges_[size_t(k - 1)], i);
   }
   if (parts_total == 0) return;
   if (block_ids_.size() < size_t(most_blocks)) {
@@ -49,14 +90,25 @@ void Transformer::attend_dense(const KvCache& cache, int layer, const std::vecto
                                const std::vector<int32_t>& n_ctx) {
   const ModelConfig& c = config_;
   const int head_dim = c.head_dim(), group = c.gqa_group(), q_dim = c.n_heads * head_dim;
-  // Contiguous ranges of the work list per thread, as parallel_for splits:
-  // a thread keeps whole KV heads. (Threads claiming passes one at a time,
+  // One contiguous range of the work list per thread (work_ranges_): a
+  // thread keeps whole KV heads. (Threads claiming passes one at a time,
   // so that neighbours read neighbouring heads, made FP16 decode at 16K 8%
   // slower, int4-small unchanged.)
-  pool_.parallel_for(int64_t(attention_work_.size()), 1, [&](int64_t begin, int64_t end, int thread) {
-    for (int64_t i = begin; i < end; ++i) {
+  pool_.parallel_for(int64_t(work_ranges_.size()) - 1, 1, [&](int64_t first, int64_t last, int thread) {
+    for (int64_t i = work_ranges_[size_t(first)]; i < work_ranges_[size_t(last)]; ++i) {
       const AttentionWork& w = attention_work_[size_t(i)];
       const size_t off = size_t(w.token) * q_dim + size_t(w.kv_head) * group * head_dim;
+      const BlockTable& table = *tables[size_t(w.token)];
+      if (w.tokens > 1) {
+        if (attend_kv_head_tile(cache, layer, table, n_ctx[size_t(w.token)], w.tokens, w.kv_head, group, head_dim,
+                                q_.data() + off, size_t(q_dim), att_.data() + off, scratch_[size_t(thread)]))
+          continue;
+        for (int32_t t = 0; t < w.tokens; ++t)  // the layer reads per token (tile_attention.h)
+          attend_kv_head(cache, layer, table, n_ctx[size_t(w.token + t)], w.kv_head, group, head_dim,
+                         q_.data() + off + size_t(t) * q_dim, att_.data() + off + size_t(t) * q_dim,
+                         scratch_[size_t(thread)]);
+        continue;
+      }
       AttentionSparsity part;
       float* out = att_.data() + off;
       if (w.part >= 0) {
@@ -64,8 +116,8 @@ void Transformer::attend_dense(const KvCache& cache, int layer, const std::vecto
         part.softmax_stats = part_stats_.data() + size_t(w.part) * group * 2;
         out = part_out_.data() + size_t(w.part) * group * head_dim;
       }
-      attend_kv_head(cache, layer, *tables[size_t(w.token)], n_ctx[size_t(w.token)], w.kv_head, group, head_dim,
-                     q_.data() + off, out, scratch_[size_t(thread)], part);
+      attend_kv_head(cache, layer, table, n_ctx[size_t(w.token)], w.kv_head, group, head_dim, q_.data() + off, out,
+                     scratch_[size_t(thread)], part);
     }
   });
   // Each cut pass, at its first part: its parts are numbered consecutively.
@@ -89,6 +141,8 @@ Transformer::Transformer(const Model& model, ThreadPool& pool)
       policy_scratch_(size_t(pool.num_threads())) {
   const char* parts = std::getenv("KVSERVE_ATTENTION_PARTS");
   attention_part_tokens_ = parts != nullptr && std::string_view(parts) == "0" ? INT32_MAX : kAttentionPartTokens;
+  const char* tile = std::getenv("KVSERVE_PREFILL_TILE");
+  prefill_tile_tokens_ = tile != nullptr ? std::max(1, std::atoi(tile)) : kPrefillTileTokens;
 }
 
 void Transformer::ensure_capacity(int64_t n_tokens, int64_t n_rows) {
@@ -189,7 +243,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     token_tables[size_t(t)] = batch[size_t(slots[size_t(t)].entry)].table;
     token_ctx[size_t(t)] = slots[size_t(t)].pos + 1;
   }
-  if (!any_sparse) plan_dense_attention(cache.block_size(), token_ctx);  // the same for every layer
+  if (!any_sparse) plan_dense_attention(cache.block_size(), token_tables, token_ctx);  // the same for every layer
 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& lw = w.layers[size_t(layer)];

@@ -5,6 +5,7 @@
 // decode tokens alike.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -72,12 +73,20 @@ class Transformer {
   // A/B runs; BENCHMARKS.md measures with and without).
   void set_attention_part_tokens(int32_t tokens) { attention_part_tokens_ = tokens; }
   static constexpr int32_t kAttentionPartTokens = 1024;
+  // The most consecutive tokens of one sequence (a prefill chunk) whose
+  // attention reads each KV block once (tile_attention.h); 1 reads the KV
+  // once per token. KVSERVE_PREFILL_TILE=N in the environment sets it (for
+  // A/B runs).
+  void set_prefill_tile_tokens(int32_t tokens) { prefill_tile_tokens_ = std::max<int32_t>(1, tokens); }
+  static constexpr int32_t kPrefillTileTokens = 16;
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);
-  // The attention passes of n tokens, each seeing n_ctx[t] slots, for every
-  // KV head, into attention_work_ (once per forward: every layer shares it).
-  void plan_dense_attention(int32_t block_size, const std::vector<int32_t>& n_ctx);
+  // The attention passes of n tokens (tables[t]), each seeing n_ctx[t]
+  // slots, for every KV head, into attention_work_ and each thread's share
+  // into work_ranges_ (once per forward: every layer shares them).
+  void plan_dense_attention(int32_t block_size, const std::vector<const BlockTable*>& tables,
+                            const std::vector<int32_t>& n_ctx);
   // Attention of those tokens (tables[t]) for every KV head of `layer`, into
   // att_, without sparsity policies, as plan_dense_attention laid out.
   void attend_dense(const KvCache& cache, int layer, const std::vector<const BlockTable*>& tables,
@@ -101,23 +110,27 @@ class Transformer {
   std::vector<AttentionScratch> scratch_;  // (threads)
   KvObserver observer_;
 
-  // Attention work: one (token, KV head) pass over blocks [first_block,
-  // end_block); each thread takes a contiguous range. A pass cut into parts
-  // writes its part's output and softmax stats to part_out_ / part_stats_
-  // at `part` (its `parts` parts numbered consecutively); whole passes write
-  // att_ directly (part = -1, parts = 1).
+  // Attention work: one KV head's pass for `tokens` consecutive tokens of
+  // one sequence from `token` on (a prefill tile; 1 otherwise) over blocks
+  // [first_block, end_block); each thread takes a contiguous range. A pass
+  // cut into parts (single tokens only) writes its part's output and softmax
+  // stats to part_out_ / part_stats_ at `part` (its `parts` parts numbered
+  // consecutively); whole passes write att_ directly (part = -1, parts = 1).
   struct AttentionWork {
     int64_t token;
+    int32_t tokens;
     int kv_head;
     int32_t first_block, end_block;
     int32_t part;
     int32_t parts;
   };
   std::vector<AttentionWork> attention_work_;
+  std::vector<int64_t> work_ranges_;    // (threads + 1) thread k takes work [k], [k + 1)
   std::vector<int32_t> block_ids_;      // 0, 1, 2, ...: the blocks a part reads
   std::vector<float> part_out_;         // (parts, group, head_dim)
   std::vector<float> part_stats_;       // (parts, group, 2)
   int32_t attention_part_tokens_;
+  int32_t prefill_tile_tokens_;
 
   // Sparsity policies' per-thread scratch.
   struct PolicyScratch {

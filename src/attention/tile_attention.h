@@ -1,0 +1,34 @@
+// Prefill attention over a tile of consecutive query tokens of one sequence.
+//
+// attend_kv_head reads a sequence's whole KV for every query token: a 512-
+// token prefill chunk at 16K context streams each layer's KV from DRAM 512
+// times, and the kernels wait on memory. A tile reads each block once for
+// all its tokens: every codec kernel already scores and accumulates any
+// number of query rows against a block, so the tile's rows (token, query
+// head) go through the same kernels, with the same numbers per row, while
+// the block stays in L1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention/paged_attention.h"
+
+namespace kvserve {
+
+// The attention output of KV head `kv_head`'s query group for `tokens`
+// consecutive query tokens of `table`: token i sees the first n_ctx0 + i
+// slots (causal). Each token's rows read the block views it would read alone
+// (a block still staged in FP16 for an earlier token may be sealed for a
+// later one), so every row equals attend_kv_head's result for its token, up
+// to float rounding.
+//   q:   token i's group at q + i * stride: (group, head_dim) floats, RoPE applied
+//   out: token i's group at out + i * stride, overwritten
+// Returns false, writing nothing, where the layer needs attend_kv_head per
+// token: keys stored before RoPE (a rotated query per position), evicted
+// slots, or slots that are not positions.
+bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
+                         int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
+                         AttentionScratch& scratch);
+
+}  // namespace kvserve
