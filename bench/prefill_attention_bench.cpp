@@ -118,6 +118,8 @@ void BM_Prefill(benchmark::State& state) {
 BENCHMARK(BM_Prefill)
     ->ArgNames({"preset", "ctx", "tile"})
     ->ArgsProduct({{0, 1, 2, 3}, {4096, 16384}, {16}})
+    ->Args({0, 16384, 21})
+    ->Args({2, 16384, 21})
     ->Args({0, 16384, 8})
     ->Args({0, 16384, 32})
     ->Args({2, 16384, 8})

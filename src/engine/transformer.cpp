@@ -142,7 +142,7 @@ Transformer::Transformer(const Model& model, ThreadPool& pool)
   const char* parts = std::getenv("KVSERVE_ATTENTION_PARTS");
   attention_part_tokens_ = parts != nullptr && std::string_view(parts) == "0" ? INT32_MAX : kAttentionPartTokens;
   const char* tile = std::getenv("KVSERVE_PREFILL_TILE");
-  prefill_tile_tokens_ = tile != nullptr ? std::max(1, std::atoi(tile)) : kPrefillTileTokens;
+  prefill_tile_tokens_ = tile != nullptr ? std::max(1, std::atoi(tile)) : std::max(1, kPrefillTileRows / config_.gqa_group());
 }
 
 void Transformer::ensure_capacity(int64_t n_tokens, int64_t n_rows) {

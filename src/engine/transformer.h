@@ -75,10 +75,12 @@ class Transformer {
   static constexpr int32_t kAttentionPartTokens = 1024;
   // The most consecutive tokens of one sequence (a prefill chunk) whose
   // attention reads each KV block once (tile_attention.h); 1 reads the KV
-  // once per token. KVSERVE_PREFILL_TILE=N in the environment sets it (for
-  // A/B runs).
+  // once per token. By default a tile holds kPrefillTileRows query rows
+  // (tokens x query heads per KV head): 16 tokens of the 400M model's
+  // groups of 3 (BENCHMARKS.md, "Prefill reads each block once per tile").
+  // KVSERVE_PREFILL_TILE=N in the environment sets N tokens (for A/B runs).
   void set_prefill_tile_tokens(int32_t tokens) { prefill_tile_tokens_ = std::max<int32_t>(1, tokens); }
-  static constexpr int32_t kPrefillTileTokens = 16;
+  static constexpr int32_t kPrefillTileRows = 48;
 
  private:
   void ensure_capacity(int64_t n_tokens, int64_t n_rows);

@@ -224,6 +224,16 @@ class FloatCodec final : public KvCodec {
     out[0] = {offset(kv_head, slot) * sizeof(T), size_t(shape_.head_dim) * sizeof(T)};
     return 1;
   }
+  bool stores_floats() const override { return true; }
+  void decode_head(const uint8_t* block, int n, int kv_head, float* out) const override {
+    const T* src = at(block, kv_head, 0);  // the head's n rows are one run
+    const int count = n * shape_.head_dim;
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= count; i += 16) _mm512_storeu_ps(out + i, Tr::load16(src + i));
+#endif
+    for (; i < count; ++i) out[i] = Tr::to(src[i]);
+  }
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
     const int hd = shape_.head_dim;

@@ -184,6 +184,15 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
   return make_int_codec(c, shape);
 }
 
+void KvCodec::decode_head(const uint8_t* block, int n, int kv_head, float* out) const {
+  const int hd = shape_.head_dim;
+  std::vector<float> row(static_cast<size_t>(shape_.kv_dim()));
+  for (int t = 0; t < n; ++t) {
+    decode_token(block, t, row.data());
+    std::copy(row.begin() + kv_head * hd, row.begin() + (kv_head + 1) * hd, out + size_t(t) * hd);
+  }
+}
+
 void score_reference(const KvCodec& codec, const float* q, int n_q, const uint8_t* block, int n, int kv_head,
                      float scale, float* scores, int stride) {
   const int hd = codec.shape().head_dim;

@@ -152,6 +152,13 @@ class KvCodec {
   virtual void encode_block(uint8_t* block, const float* x, int n) const;
   // Reads token `slot` back into out (kv_dim floats).
   virtual void decode_token(const uint8_t* block, int slot, float* out) const = 0;
+  // Whether decode_head is a plain conversion of stored floats (the float
+  // types): prefill tiles (attention/tile_attention.h) then run float
+  // kernels over many query rows at once instead of score and accumulate.
+  virtual bool stores_floats() const { return false; }
+  // Tokens [0, n) of KV head kv_head as floats, (n, head_dim) into out. The
+  // default decodes whole tokens (every head) and keeps one head's values.
+  virtual void decode_head(const uint8_t* block, int n, int kv_head, float* out) const;
   // The bytes holding KV head `kv_head` of token `slot` (codes and their
   // metadata) when the layout keeps them apart from every other token and
   // head: copying them into another block of this codec moves that head's
