@@ -647,6 +647,30 @@ TEST(KvCodec, HeadMajorBlocksKeepEachHeadInItsSlice) {
   }
 }
 
+// decode_head (prefill tiles' float path) gives a head's slice of
+// decode_token for the first n tokens, for every codec; the float types say
+// they store floats, the others do not.
+TEST(KvCodec, DecodeHeadIsTheHeadsSliceOfEachToken) {
+  for (const Case& c : all_cases()) {
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
+    const std::vector<float> x = sample_rows(bs, kv_dim, 3);
+    std::vector<uint8_t> block(codec->block_bytes());
+    codec->encode_block(block.data(), x.data(), bs);
+    EXPECT_EQ(codec->stores_floats(), !kv_dtype_is_quantized(c.config.dtype)) << name(c);
+    std::vector<float> row(static_cast<size_t>(kv_dim)), head(static_cast<size_t>(bs * hd));
+    const int n = std::max(1, bs - 1);
+    for (int h = 0; h < c.shape.n_kv_heads; ++h) {
+      codec->decode_head(block.data(), n, h, head.data());
+      for (int t = 0; t < n; ++t) {
+        codec->decode_token(block.data(), t, row.data());
+        for (int d = 0; d < hd; ++d)
+          ASSERT_EQ(head[size_t(t) * hd + d], row[size_t(h * hd + d)]) << name(c) << " head " << h << " token " << t;
+      }
+    }
+  }
+}
+
 TEST(KvCodec, BlockBytesAreExact) {
   const KvBlockShape s{16, 8, 64};  // the 400M model: kv_dim 512
   auto bytes = [&](KvCodecConfig c) { return make_kv_codec(c, s)->block_bytes(); };
