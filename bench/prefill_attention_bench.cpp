@@ -28,7 +28,7 @@ namespace kvserve {
 namespace {
 
 constexpr int kLayers = 12, kChunk = 64, kThreads = 2;
-const char* const kPresets[] = {"fp16", "int8", "int4-small", "fp32"};
+const char* const kPresets[] = {"fp16", "int8", "int4-small", "fp32", "int2-small"};
 
 ModelConfig shape_400m(int32_t ctx) {
   ModelConfig c;
@@ -117,7 +117,7 @@ void BM_Prefill(benchmark::State& state) {
 }
 BENCHMARK(BM_Prefill)
     ->ArgNames({"preset", "ctx", "tile"})
-    ->ArgsProduct({{0, 1, 2, 3}, {4096, 16384}, {16}})
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {4096, 16384}, {16}})
     ->Args({0, 16384, 21})
     ->Args({2, 16384, 21})
     ->Args({0, 16384, 8})

@@ -154,7 +154,7 @@ TEST_F(StoriesTransformer, PrefillTilesEqualPerTokenPasses) {
   per_token.set_prefill_tile_tokens(1);
   Transformer tiles(*model, pool);
   tiles.set_prefill_tile_tokens(6);
-  for (const char* preset : {"fp32", "fp16", "int4-small", "int8"}) {
+  for (const char* preset : {"fp32", "fp16", "int4-small", "int8", "int2-small"}) {
     SCOPED_TRACE(preset);
     KvCacheOptions o;
     apply_kv_preset(o, preset, true);

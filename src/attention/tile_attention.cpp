@@ -214,12 +214,14 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
   }
 }
 
-// Whether the tile can take attend_float_rows: float codecs, head_dim a
+// Whether the tile can take attend_float_rows: float codecs (keys after
+// RoPE), head_dim a
 // multiple of 16, a group of at most 64 query heads, and every block read
 // through one view by all the tile's tokens.
 bool float_rows_fit(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens, int group,
                     int head_dim) {
-  if (!cache.k_codec(layer).stores_floats() || !cache.v_codec(layer).stores_floats()) return false;
+  if (!cache.k_codec(layer).stores_floats() || !cache.v_codec(layer).stores_floats() || cache.k_pre_rope(layer))
+    return false;
   if (head_dim % 16 != 0 || group > 16 * kMaxRowVectors) return false;
   const int32_t n_last = n_ctx0 + tokens - 1;
   // Views can differ only for blocks sealed for the last token but not the first.
@@ -237,7 +239,11 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
                          int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
                          AttentionScratch& scratch) {
   const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;
-  if (cache.k_pre_rope(layer) || table.dead > 0 || moved || tokens < 1 || n_ctx0 < 1) return false;
+  // Keys stored before RoPE take a tile only in spans (the int2 presets),
+  // while slots are positions: each span's rows share one rotation.
+  const int rope_span = cache.k_pre_rope(layer) ? cache.k_rope_span(layer) : 0;
+  const bool exact_pre_rope = cache.k_pre_rope(layer) && (rope_span <= 1 || !table.slot_positions.empty());
+  if (exact_pre_rope || table.dead > 0 || moved || tokens < 1 || n_ctx0 < 1) return false;
 #if defined(__AVX512F__)
   if (float_rows_fit(cache, layer, table, n_ctx0, tokens, group, head_dim)) {
     // Sub-tiles of at most kFloatRows rows, whole tokens.
@@ -303,15 +309,43 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
   // Columns of block j that row r's token sees (>= 1 from its first reader on).
   auto seen = [&](int r, int32_t j) { return std::min(bs, n_ctx0 + r / group - j * bs); };
 
+  // Keys in RoPE spans (KvCodecConfig::rope_span): as attend_kv_head, the
+  // rows rotated back to each span's first position in two steps, to its
+  // multiple of kCoarse (kept while blocks stay under it), then by the rest.
+  constexpr int32_t kCoarse = 1024;
+  int32_t coarse_pos = -1;
+  float* coarse_q = nullptr;  // (rows, head_dim)
+  float* span_q = nullptr;    // (spans of a block, rows of a run, head_dim)
+  if (rope_span > 1) {
+    const size_t need = size_t(rows) * head_dim * (1 + size_t((bs + rope_span - 1) / rope_span));
+    if (scratch.rotated.size() < need) scratch.rotated.resize(need);
+    coarse_q = scratch.rotated.data();
+    span_q = coarse_q + size_t(rows) * head_dim;
+  }
+  auto score_run = [&](const KvBlockView& k, int32_t j, int a, int b, int n, float* block_scores) {
+    const int nr = (b - a) * group;
+    float* dst = block_scores + size_t(a) * group * bs;
+    if (rope_span <= 1) {
+      k.codec->score(tq + size_t(a) * set, nr, k.data, n, kv_head, scale, dst, bs);
+      return;
+    }
+    const int32_t first = j * bs, coarse = first / kCoarse * kCoarse;
+    if (coarse != coarse_pos) {
+      cache.rope_table().rotate_back(tq, rows, coarse, coarse_q);
+      coarse_pos = coarse;
+    }
+    for (int s0 = 0; s0 < n; s0 += rope_span)
+      cache.rope_table().rotate_back(coarse_q + size_t(a) * set, nr, first - coarse + s0,
+                                     span_q + size_t(s0 / rope_span) * nr * head_dim);
+    k.codec->score_spans(span_q, nr, k.data, n, rope_span, kv_head, scale, dst, bs);
+  };
+
   std::fill(top, top + stat, -INFINITY);
   HeadSlicePrefetch prefetch_k(kv_head, n_blocks, [&](int32_t i) { return k_at(i, n_last); });
   for (int32_t j = 0; j < n_blocks; ++j) {
     prefetch_k.before(j);
     float* block_scores = scores + size_t(j) * cell;
-    runs(k_at, j, [&](const KvBlockView& k, int a, int b, int n) {
-      k.codec->score(tq + size_t(a) * set, (b - a) * group, k.data, n, kv_head, scale,
-                     block_scores + size_t(a) * group * bs, bs);
-    });
+    runs(k_at, j, [&](const KvBlockView& k, int a, int b, int n) { score_run(k, j, a, b, n, block_scores); });
     for (int r = first_reader(j) * group; r < rows; ++r)
       max_into(top + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j));
   }

@@ -24,9 +24,11 @@ namespace kvserve {
 // to float rounding.
 //   q:   token i's group at q + i * stride: (group, head_dim) floats, RoPE applied
 //   out: token i's group at out + i * stride, overwritten
-// Returns false, writing nothing, where the layer needs attend_kv_head per
-// token: keys stored before RoPE (a rotated query per position), evicted
-// slots, or slots that are not positions.
+// Keys stored before RoPE in spans (the int2 presets) rotate the tile's rows
+// once per span, as attend_kv_head rotates its group. Returns false, writing
+// nothing, where the layer needs attend_kv_head per token: keys stored
+// exactly before RoPE (a rotated query per position), evicted slots, or
+// slots that are not positions.
 bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
                          int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
                          AttentionScratch& scratch);
