@@ -88,6 +88,27 @@ TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
   }
 }
 
+// A prefill chunk reads every key whatever a read-time policy would choose
+// for decode, in tiles of tokens as without a policy: one chunk's logits
+// equal a policy-free prefill's, even with a budget far under the chunk.
+TEST_F(StoriesSparsity, PrefillChunksUnderReadTimePoliciesReadEverything) {
+  KvCache cache(model->config(), kv_options());
+  auto prefill = [&](SparsityPolicy* p) {
+    BlockTable table;
+    EXPECT_TRUE(cache.reserve(table, int32_t(tokens.size())));
+    std::vector<BatchEntry> batch = {{&table, tokens, true, p}};
+    Logits logits;
+    tf->forward(batch, cache, logits);
+    cache.release(table);
+    return logits.values;
+  };
+  const std::vector<float> dense = prefill(nullptr);
+  for (const std::string name : {"topk", "ann"}) {
+    auto p = make_sparsity_policy(policy(name, 16), cache);
+    EXPECT_LE(worst_difference(prefill(p.get()), dense), 1e-6f) << name;
+  }
+}
+
 // Keys stored before RoPE, or rotated within RoPE spans of 4 or 16 tokens
 // (the int2 presets'), score as keys stored after RoPE: only the rotations'
 // float rounding differs (FP32 keys, so nothing else does).

@@ -215,9 +215,9 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
 }
 
 // Whether the tile can take attend_float_rows: float codecs (keys after
-// RoPE), head_dim a
-// multiple of 16, a group of at most 64 query heads, and every block read
-// through one view by all the tile's tokens.
+// RoPE), head_dim a multiple of 16, a group of at most 64 query heads, and
+// every block read through one view by all the tile's tokens (float layers
+// are not staged today; the check keeps the path right if they ever are).
 bool float_rows_fit(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens, int group,
                     int head_dim) {
   if (!cache.k_codec(layer).stores_floats() || !cache.v_codec(layer).stores_floats() || cache.k_pre_rope(layer))

@@ -213,10 +213,14 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   // Attention work units: one token's query heads that share one KV head;
   // for a policy that observes attention weights, all of its sequence's new
   // tokens for one KV head in order (observe() sees a head's queries in order).
+  // A prefill chunk's tokens otherwise go in tiles (tile_attention.h):
+  // read-time choices apply to decode queries only, so a chunk reads
+  // everything, and a tile reads each block once for its tokens.
   struct Unit {
     int64_t first;  // first stacked token
     int32_t count;  // tokens, in order
     int kv_head;
+    bool tile;      // the tokens may share one tile pass
   };
   std::vector<Unit> units;
   if (any_sparse) {
@@ -224,8 +228,10 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (const BatchEntry& b : batch) {
       const int32_t count = int32_t(b.tokens.size());
       const bool ordered = b.policy != nullptr && b.policy->wants_attention_weights();
-      for (int32_t i = 0; i < (ordered ? 1 : count); ++i)
-        for (int h = 0; h < c.n_kv_heads; ++h) units.push_back({t0 + i, ordered ? count : 1, h});
+      const int32_t step = ordered ? count : (count > 1 ? prefill_tile_tokens_ : 1);
+      for (int32_t i = 0; i < count; i += step)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+          units.push_back({t0 + i, std::min(step, count - i), h, !ordered && count > 1});
       t0 += count;
     }
   }
@@ -286,6 +292,14 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
         PolicyScratch& ps = policy_scratch_[size_t(thread)];
         for (int64_t u = begin; u < end; ++u) {
           const Unit& unit = units[size_t(u)];
+          if (unit.tile && unit.count > 1) {
+            const TokenSlot& s = slots[size_t(unit.first)];
+            const size_t off = size_t(unit.first) * q_dim + size_t(unit.kv_head) * group * head_dim;
+            if (attend_kv_head_tile(cache, layer, *batch[size_t(s.entry)].table, s.pos + 1, unit.count, unit.kv_head,
+                                    group, head_dim, q_.data() + off, size_t(q_dim), att_.data() + off,
+                                    scratch_[size_t(thread)]))
+              continue;
+          }
           for (int64_t t = unit.first; t < unit.first + unit.count; ++t) {
             const TokenSlot& s = slots[size_t(t)];
             const BatchEntry& b = batch[size_t(s.entry)];
