@@ -97,8 +97,10 @@ void expect_tiles_equal_own_passes(const ModelConfig& c) {
           // Spans of one token (a block size the span does not divide
           // past 1) are keys exactly before RoPE: per-token passes.
           const bool tiles = !o.k.pre_rope || o.k.rope_span > 1;
+          // The context in one part, and in parts of 40 tokens (whole blocks).
+          const int32_t part = (first + tokens + h) % 2 == 0 ? kTilePartTokens : 40;
           ASSERT_EQ(attend_kv_head_tile(cache, 1, table, first + 1, tokens, h, group, head_dim, q.data() + h * set,
-                                        stride, out.data() + h * set, scratch),
+                                        stride, out.data() + h * set, scratch, part),
                     tiles);
           if (!tiles) continue;
           for (int t = 0; t < tokens; ++t) {
@@ -113,7 +115,7 @@ void expect_tiles_equal_own_passes(const ModelConfig& c) {
             for (size_t i = 0; i < set; ++i) {
               const float got = out[size_t(t) * stride + h * set + i];
               ASSERT_NEAR(got, own[i], 1e-5f) << kc.describe() << "+" << vc.describe() << " bs " << bs
-                                              << " token " << first + t << " head " << h;
+                                              << " token " << first + t << " head " << h << " part " << part;
               ASSERT_NEAR(got, ref[i], tolerance) << kc.describe() << "+" << vc.describe() << " bs " << bs;
             }
           }

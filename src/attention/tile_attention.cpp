@@ -3,6 +3,7 @@
 #include "util/simd.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 
@@ -50,6 +51,19 @@ inline void exp_into(float* lanes, float* x, int n, int m, float shift) {
 inline float lanes_max(const float* lanes) { return *lanes; }
 inline float lanes_sum(const float* lanes) { return *lanes; }
 #endif
+
+// Folds one part's softmax (its largest score `top`, exp-sum `sum` and
+// unnormalized output part_out) into a row's running ones (online
+// softmax). top = -inf: the part saw nothing of the row.
+inline void merge_part(float& run_top, float& run_sum, float* run_out, float top, float sum, const float* part_out,
+                       int head_dim) {
+  if (top == -INFINITY) return;
+  const float next = std::max(run_top, top);
+  const float a = run_top == -INFINITY ? 0.0f : std::exp(run_top - next), b = std::exp(top - next);
+  for (int d = 0; d < head_dim; ++d) run_out[d] = run_out[d] * a + part_out[d] * b;
+  run_sum = run_sum * a + sum * b;
+  run_top = next;
+}
 
 #if defined(__AVX512F__)
 // Float caches (KvCodec::stores_floats): the tile's rows sit in SIMD lanes,
@@ -122,7 +136,8 @@ void accumulate_rows(float* st, int n, const float* v, int hd, const float* top,
   __m512 tv[R], sv[R];
   #pragma GCC unroll 4
   for (int c = 0; c < R; ++c) {
-    tv[c] = _mm512_loadu_ps(top + 16 * c);
+    // A row that sees none of the part has top -inf: its weights stay 0, not NaN.
+    tv[c] = _mm512_max_ps(_mm512_loadu_ps(top + 16 * c), _mm512_set1_ps(-FLT_MAX));
     sv[c] = _mm512_loadu_ps(sum + 16 * c);
   }
   for (int t = 0; t < n; ++t)
@@ -165,51 +180,68 @@ void accumulate_rows(float* st, int n, const float* v, int hd, const float* top,
 template <int R>
 void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
                        int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
-                       AttentionScratch& scratch) {
+                       AttentionScratch& scratch, int32_t part_tokens) {
   const int32_t bs = cache.block_size();
   const int32_t n_last = n_ctx0 + tokens - 1;
-  const int32_t n_blocks = (n_last + bs - 1) / bs;
+  const int32_t n_blocks = (n_last + bs - 1) / bs, part_blocks = std::max(1, part_tokens / bs);
   const int rows = tokens * group, lanes = 16 * R, hd = head_dim;
-  const size_t cell = size_t(bs) * lanes;  // block j's scores: (bs, lanes) at j * cell
-  if (scratch.scores.size() < size_t(n_blocks) * cell) scratch.scores.resize(size_t(n_blocks) * cell);
-  const size_t need = size_t(hd) * lanes * 2 + size_t(bs) * hd + size_t(lanes) * 3;
+  const size_t cell = size_t(bs) * lanes;  // part block j's scores: (bs, lanes) at j * cell
+  if (scratch.scores.size() < size_t(part_blocks) * cell) scratch.scores.resize(size_t(part_blocks) * cell);
+  const size_t need = size_t(hd) * lanes * 3 + size_t(bs) * hd + size_t(lanes) * 5;
   if (scratch.tile_q.size() < need) scratch.tile_q.resize(need);
   float* qt = scratch.tile_q.data();         // (hd, lanes) queries, scaled; padding rows 0
-  float* ot = qt + size_t(hd) * lanes;       // (hd, lanes) unnormalized outputs
-  float* kv = ot + size_t(hd) * lanes;       // (bs, hd) one block's keys, then values
-  float* top = kv + size_t(bs) * hd;         // (lanes)
-  float* sum = top + lanes;                  // (lanes)
-  int32_t* lim = reinterpret_cast<int32_t*>(sum + lanes);  // (lanes) first position each row does not see
+  float* ot = qt + size_t(hd) * lanes;       // (hd, lanes) unnormalized outputs so far, weighed by run_top
+  float* part_ot = ot + size_t(hd) * lanes;  // (hd, lanes) one part's
+  float* kv = part_ot + size_t(hd) * lanes;  // (bs, hd) one block's keys, then values
+  float* top = kv + size_t(bs) * hd;         // (lanes) the part's largest score per row
+  float* sum = top + lanes;                  // (lanes) its sum of exp(score - top)
+  float* run_top = sum + lanes;              // (lanes) the largest score so far
+  float* run_sum = run_top + lanes;          // (lanes)
+  int32_t* lim = reinterpret_cast<int32_t*>(run_sum + lanes);  // (lanes) first position each row does not see
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int r = 0; r < lanes; ++r) {
     const float* qr = r < rows ? q + size_t(r / group) * stride + size_t(r % group) * hd : nullptr;
     for (int d = 0; d < hd; ++d) qt[size_t(d) * lanes + r] = qr != nullptr ? qr[d] * scale : 0.0f;
     lim[r] = r < rows ? n_ctx0 + r / group : INT32_MAX;  // padding rows: every score 0, never read out
-    top[r] = -INFINITY;
-    sum[r] = 0.0f;
+    run_top[r] = -INFINITY;
+    run_sum[r] = 0.0f;
   }
   std::fill(ot, ot + size_t(hd) * lanes, 0.0f);
   auto k_at = [&](int32_t j) { return cache.k_view(layer, table, j, n_last); };
   auto v_at = [&](int32_t j) { return cache.v_view(layer, table, j, n_last); };
-  HeadSlicePrefetch prefetch_k(kv_head, n_blocks, k_at);
-  for (int32_t j = 0; j < n_blocks; ++j) {
-    prefetch_k.before(j);
-    const int n = std::min(bs, n_last - j * bs);
-    const KvBlockView k = k_at(j);
-    k.codec->decode_head(k.data, n, kv_head, kv);
-    score_rows<R>(qt, kv, n, hd, j * bs, lim, scratch.scores.data() + size_t(j) * cell, top);
-  }
-  HeadSlicePrefetch prefetch_v(kv_head, n_blocks, v_at);
-  for (int32_t j = 0; j < n_blocks; ++j) {
-    prefetch_v.before(j);
-    const int n = std::min(bs, n_last - j * bs);
-    const KvBlockView v = v_at(j);
-    v.codec->decode_head(v.data, n, kv_head, kv);
-    accumulate_rows<R>(scratch.scores.data() + size_t(j) * cell, n, kv, hd, top, sum, ot);
+  for (int32_t jp = 0; jp < n_blocks; jp += part_blocks) {  // parts, as the codec path takes them
+    const int32_t je = std::min(n_blocks, jp + part_blocks);
+    std::fill(top, top + lanes, -INFINITY);
+    std::fill(sum, sum + lanes, 0.0f);
+    std::fill(part_ot, part_ot + size_t(hd) * lanes, 0.0f);
+    HeadSlicePrefetch prefetch_k(kv_head, je - jp, [&](int32_t i) { return k_at(jp + i); });
+    for (int32_t j = jp; j < je; ++j) {
+      prefetch_k.before(j - jp);
+      const int n = std::min(bs, n_last - j * bs);
+      const KvBlockView k = k_at(j);
+      k.codec->decode_head(k.data, n, kv_head, kv);
+      score_rows<R>(qt, kv, n, hd, j * bs, lim, scratch.scores.data() + size_t(j - jp) * cell, top);
+    }
+    HeadSlicePrefetch prefetch_v(kv_head, je - jp, [&](int32_t i) { return v_at(jp + i); });
+    for (int32_t j = jp; j < je; ++j) {
+      prefetch_v.before(j - jp);
+      const int n = std::min(bs, n_last - j * bs);
+      const KvBlockView v = v_at(j);
+      v.codec->decode_head(v.data, n, kv_head, kv);
+      accumulate_rows<R>(scratch.scores.data() + size_t(j - jp) * cell, n, kv, hd, top, sum, part_ot);
+    }
+    for (int r = 0; r < lanes; ++r) {  // merge_part, along the lanes
+      if (top[r] == -INFINITY) continue;  // the part saw nothing of row r
+      const float next = std::max(run_top[r], top[r]);
+      const float a = run_top[r] == -INFINITY ? 0.0f : std::exp(run_top[r] - next), b = std::exp(top[r] - next);
+      for (int d = 0; d < hd; ++d) ot[size_t(d) * lanes + r] = ot[size_t(d) * lanes + r] * a + part_ot[size_t(d) * lanes + r] * b;
+      run_sum[r] = run_sum[r] * a + sum[r] * b;
+      run_top[r] = next;
+    }
   }
   for (int r = 0; r < rows; ++r) {
     float* dst = out + size_t(r / group) * stride + size_t(r % group) * hd;
-    const float inv = 1.0f / sum[r];  // > 0: each row's largest weight is 1
+    const float inv = 1.0f / run_sum[r];  // > 0: each row's largest weight is 1
     for (int d = 0; d < hd; ++d) dst[d] = ot[size_t(d) * lanes + r] * inv;
   }
 }
@@ -237,7 +269,7 @@ bool float_rows_fit(const KvCache& cache, int layer, const BlockTable& table, in
 
 bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
                          int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
-                         AttentionScratch& scratch) {
+                         AttentionScratch& scratch, int32_t part_tokens) {
   const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;
   // Keys stored before RoPE take a tile only in spans (the int2 presets),
   // while slots are positions: each span's rows share one rotation.
@@ -253,10 +285,10 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
       const float* qs = q + size_t(t0) * stride;
       float* os = out + size_t(t0) * stride;
       switch ((n * group + 15) / 16) {
-        case 1: attend_float_rows<1>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch); break;
-        case 2: attend_float_rows<2>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch); break;
-        case 3: attend_float_rows<3>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch); break;
-        default: attend_float_rows<4>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch); break;
+        case 1: attend_float_rows<1>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch, part_tokens); break;
+        case 2: attend_float_rows<2>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch, part_tokens); break;
+        case 3: attend_float_rows<3>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch, part_tokens); break;
+        default: attend_float_rows<4>(cache, layer, table, n_ctx0 + t0, n, kv_head, group, head_dim, qs, stride, os, scratch, part_tokens); break;
       }
     }
     return true;
@@ -267,20 +299,24 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
   const int32_t n_blocks = (n_last + bs - 1) / bs;
   const int rows = tokens * group;  // row tau * group + i: token tau, query head i
   const size_t set = size_t(group) * size_t(head_dim), cell = size_t(rows) * size_t(bs);
-  // Scores block-major: block j's (rows, bs) at scores + j * cell. Each pass
+  // Scores block-major: part block j's (rows, bs) at scores + j * cell. Each pass
   // then streams through one run of memory; row-major rows (a row per
   // query, ~64 KB apart at 16K) were more streams than the hardware
   // prefetchers follow.
-  if (scratch.scores.size() < size_t(n_blocks) * cell) scratch.scores.resize(size_t(n_blocks) * cell);
+  const int32_t part_blocks = std::max(1, part_tokens / bs);
+  if (scratch.scores.size() < size_t(part_blocks) * cell) scratch.scores.resize(size_t(part_blocks) * cell);
   if (scratch.tile_q.size() < size_t(tokens) * set) scratch.tile_q.resize(size_t(tokens) * set);
-  if (scratch.tile_out.size() < size_t(tokens) * set) scratch.tile_out.resize(size_t(tokens) * set);
+  if (scratch.tile_out.size() < 2 * size_t(tokens) * set) scratch.tile_out.resize(2 * size_t(tokens) * set);
   const size_t stat = size_t(rows) * kLanes;
-  if (scratch.tile_stats.size() < 2 * stat) scratch.tile_stats.resize(2 * stat);
+  if (scratch.tile_stats.size() < 2 * stat + 2 * size_t(rows)) scratch.tile_stats.resize(2 * stat + 2 * size_t(rows));
   float* scores = scratch.scores.data();
-  float* tq = scratch.tile_q.data();  // (rows, head_dim)
-  float* to = scratch.tile_out.data();  // (rows, head_dim)
-  float* top = scratch.tile_stats.data();  // (rows, kLanes) each row's largest score
+  float* tq = scratch.tile_q.data();       // (rows, head_dim)
+  float* to = scratch.tile_out.data();     // (rows, head_dim) outputs so far, weighed by run_top
+  float* part_out = to + size_t(tokens) * set;  // (rows, head_dim) one part's
+  float* top = scratch.tile_stats.data();  // (rows, kLanes) each row's largest score in the part
   float* sum = top + stat;                 // (rows, kLanes) its sum of exp(score - top)
+  float* run_top = sum + stat;             // (rows) the largest score so far
+  float* run_sum = run_top + rows;         // (rows) the sum of exp(score - run_top) so far
   for (int tau = 0; tau < tokens; ++tau) std::copy(q + size_t(tau) * stride, q + size_t(tau) * stride + set, tq + size_t(tau) * set);
   const float scale = 1.0f / std::sqrt(float(head_dim));
 
@@ -340,35 +376,49 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
     k.codec->score_spans(span_q, nr, k.data, n, rope_span, kv_head, scale, dst, bs);
   };
 
-  std::fill(top, top + stat, -INFINITY);
-  HeadSlicePrefetch prefetch_k(kv_head, n_blocks, [&](int32_t i) { return k_at(i, n_last); });
-  for (int32_t j = 0; j < n_blocks; ++j) {
-    prefetch_k.before(j);
-    float* block_scores = scores + size_t(j) * cell;
-    runs(k_at, j, [&](const KvBlockView& k, int a, int b, int n) { score_run(k, j, a, b, n, block_scores); });
-    for (int r = first_reader(j) * group; r < rows; ++r)
-      max_into(top + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j));
-  }
-  for (int r = 0; r < rows; ++r) top[r] = lanes_max(top + size_t(r) * kLanes);  // row r's largest, in place
-  std::fill(sum, sum + stat, 0.0f);
+  // The context in parts of part_tokens, each a two-pass softmax over its
+  // blocks, merged as they come (as merge_attention_parts weighs decode's
+  // parts): the scores of a part stay in L2 between its two passes, and a
+  // tile's scratch does not grow with the context.
+  std::fill(run_top, run_top + rows, -INFINITY);
+  std::fill(run_sum, run_sum + rows, 0.0f);
   std::fill(to, to + size_t(rows) * head_dim, 0.0f);
-  HeadSlicePrefetch prefetch_v(kv_head, n_blocks, [&](int32_t i) { return v_at(i, n_last); });
-  for (int32_t j = 0; j < n_blocks; ++j) {
-    prefetch_v.before(j);
-    float* block_scores = scores + size_t(j) * cell;
-    const int n = std::min(bs, n_last - j * bs);
-    // Unnormalized weights (each row's largest is 1), divided by the sums at the end.
-    for (int r = first_reader(j) * group; r < rows; ++r)
-      exp_into(sum + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j), n, top[r]);
-    runs(v_at, j, [&](const KvBlockView& v, int a, int b, int n_read) {
-      v.codec->accumulate(block_scores + size_t(a) * group * bs, (b - a) * group, bs, v.data, n_read, kv_head,
-                          to + size_t(a) * set);
-    });
+  for (int32_t jp = 0; jp < n_blocks; jp += part_blocks) {
+    const int32_t je = std::min(n_blocks, jp + part_blocks);
+    const int r0 = first_reader(jp) * group;  // rows that see some of the part
+    std::fill(top, top + stat, -INFINITY);
+    HeadSlicePrefetch prefetch_k(kv_head, je - jp, [&](int32_t i) { return k_at(jp + i, n_last); });
+    for (int32_t j = jp; j < je; ++j) {
+      prefetch_k.before(j - jp);
+      float* block_scores = scores + size_t(j - jp) * cell;
+      runs(k_at, j, [&](const KvBlockView& k, int a, int b, int n) { score_run(k, j, a, b, n, block_scores); });
+      for (int r = first_reader(j) * group; r < rows; ++r)
+        max_into(top + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j));
+    }
+    for (int r = r0; r < rows; ++r) top[r] = lanes_max(top + size_t(r) * kLanes);  // row r's largest, in place
+    std::fill(sum, sum + stat, 0.0f);
+    std::fill(part_out + size_t(r0) * head_dim, part_out + size_t(rows) * head_dim, 0.0f);
+    HeadSlicePrefetch prefetch_v(kv_head, je - jp, [&](int32_t i) { return v_at(jp + i, n_last); });
+    for (int32_t j = jp; j < je; ++j) {
+      prefetch_v.before(j - jp);
+      float* block_scores = scores + size_t(j - jp) * cell;
+      const int n = std::min(bs, n_last - j * bs);
+      // Unnormalized weights (each row's largest in the part is 1).
+      for (int r = first_reader(j) * group; r < rows; ++r)
+        exp_into(sum + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j), n, top[r]);
+      runs(v_at, j, [&](const KvBlockView& v, int a, int b, int n_read) {
+        v.codec->accumulate(block_scores + size_t(a) * group * bs, (b - a) * group, bs, v.data, n_read, kv_head,
+                            part_out + size_t(a) * set);
+      });
+    }
+    for (int r = r0; r < rows; ++r)
+      merge_part(run_top[r], run_sum[r], to + size_t(r) * head_dim, top[r], lanes_sum(sum + size_t(r) * kLanes),
+                 part_out + size_t(r) * head_dim, head_dim);
   }
   for (int r = 0; r < rows; ++r) {
     const float* src = to + size_t(r) * head_dim;
     float* dst = out + size_t(r / group) * stride + size_t(r % group) * head_dim;
-    const float inv = 1.0f / lanes_sum(sum + size_t(r) * kLanes);  // > 0: the largest weight is 1
+    const float inv = 1.0f / run_sum[r];  // > 0: the largest weight is 1
     for (int d = 0; d < head_dim; ++d) dst[d] = src[d] * inv;
   }
   return true;

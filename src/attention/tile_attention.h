@@ -16,6 +16,10 @@
 
 namespace kvserve {
 
+// Tokens of the context a tile scores before it weighs values: one part's
+// scores for 48 rows, 768 KB, stay in L2 between its two passes.
+constexpr int32_t kTilePartTokens = 4096;
+
 // The attention output of KV head `kv_head`'s query group for `tokens`
 // consecutive query tokens of `table`: token i sees the first n_ctx0 + i
 // slots (causal). Each token's rows read the block views it would read alone
@@ -29,8 +33,11 @@ namespace kvserve {
 // nothing, where the layer needs attend_kv_head per token: keys stored
 // exactly before RoPE (a rotated query per position), evicted slots, or
 // slots that are not positions.
+// The context goes in parts of part_tokens (whole blocks), each a two-pass
+// softmax whose scores stay in L2, merged as they come (online softmax):
+// the scratch does not grow with the context.
 bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
                          int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
-                         AttentionScratch& scratch);
+                         AttentionScratch& scratch, int32_t part_tokens = kTilePartTokens);
 
 }  // namespace kvserve
