@@ -214,22 +214,20 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
     std::fill(top, top + lanes, -INFINITY);
     std::fill(sum, sum + lanes, 0.0f);
     std::fill(part_ot, part_ot + size_t(hd) * lanes, 0.0f);
-    HeadSlicePrefetch prefetch_k(kv_head, je - jp, [&](int32_t i) { return k_at(jp + i); });
-    for (int32_t j = jp; j < je; ++j) {
-      prefetch_k.before(j - jp);
-      const int n = std::min(bs, n_last - j * bs);
-      const KvBlockView k = k_at(j);
-      k.codec->decode_head(k.data, n, kv_head, kv);
-      score_rows<R>(qt, kv, n, hd, j * bs, lim, scratch.scores.data() + size_t(j - jp) * cell, top);
-    }
-    HeadSlicePrefetch prefetch_v(kv_head, je - jp, [&](int32_t i) { return v_at(jp + i); });
-    for (int32_t j = jp; j < je; ++j) {
-      prefetch_v.before(j - jp);
-      const int n = std::min(bs, n_last - j * bs);
-      const KvBlockView v = v_at(j);
-      v.codec->decode_head(v.data, n, kv_head, kv);
-      accumulate_rows<R>(scratch.scores.data() + size_t(j - jp) * cell, n, kv, hd, top, sum, part_ot);
-    }
+    // The part's blocks in order, with their prefetch hints, each decoded
+    // into kv: fn(first position, tokens, the block's scores).
+    auto each_block = [&](auto view_at, auto&& fn) {
+      HeadSlicePrefetch prefetch(kv_head, je - jp, [&](int32_t i) { return view_at(jp + i); });
+      for (int32_t j = jp; j < je; ++j) {
+        prefetch.before(j - jp);
+        const int n = std::min(bs, n_last - j * bs);
+        const KvBlockView view = view_at(j);
+        view.codec->decode_head(view.data, n, kv_head, kv);
+        fn(j * bs, n, scratch.scores.data() + size_t(j - jp) * cell);
+      }
+    };
+    each_block(k_at, [&](int32_t first, int n, float* st) { score_rows<R>(qt, kv, n, hd, first, lim, st, top); });
+    each_block(v_at, [&](int32_t, int n, float* st) { accumulate_rows<R>(st, n, kv, hd, top, sum, part_ot); });
     for (int r = 0; r < lanes; ++r) {  // merge_part, along the lanes
       if (top[r] == -INFINITY) continue;  // the part saw nothing of row r
       const float next = std::max(run_top[r], top[r]);
