@@ -161,11 +161,16 @@ void accumulate_rows(float* st, int n, const float* v, int hd, const float* top,
       #pragma GCC unroll 4
       for (int c = 0; c < R; ++c) w[c] = _mm512_loadu_ps(st + size_t(t) * 16 * R + 16 * c);
       const float* vt = v + size_t(t) * hd + d0;
+      // Lanes whose weight is 0 (positions past their token's context) add
+      // nothing, not 0 x an infinite value (an FP16 overflow): NaN.
+      __mmask16 live[R];
+      #pragma GCC unroll 4
+      for (int c = 0; c < R; ++c) live[c] = _mm512_cmpneq_ps_mask(w[c], _mm512_setzero_ps());
       #pragma GCC unroll 16
       for (int e = 0; e < D; ++e) {
         const __m512 x = _mm512_set1_ps(vt[e]);
         #pragma GCC unroll 4
-        for (int c = 0; c < R; ++c) acc[e][c] = _mm512_fmadd_ps(x, w[c], acc[e][c]);
+        for (int c = 0; c < R; ++c) acc[e][c] = _mm512_mask3_fmadd_ps(x, w[c], acc[e][c], live[c]);
       }
     }
     #pragma GCC unroll 16
@@ -268,12 +273,13 @@ bool float_rows_fit(const KvCache& cache, int layer, const BlockTable& table, in
 bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens,
                          int kv_head, int group, int head_dim, const float* q, size_t stride, float* out,
                          AttentionScratch& scratch, int32_t part_tokens) {
-  const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;
   // Keys stored before RoPE take a tile only in spans (the int2 presets),
-  // while slots are positions: each span's rows share one rotation.
+  // while slots are positions: each span's rows share one rotation. Keys
+  // stored after RoPE need no position, so a compacted table (slots that
+  // are no longer positions) still takes tiles.
   const int rope_span = cache.k_pre_rope(layer) ? cache.k_rope_span(layer) : 0;
   const bool exact_pre_rope = cache.k_pre_rope(layer) && (rope_span <= 1 || !table.slot_positions.empty());
-  if (exact_pre_rope || table.dead > 0 || moved || tokens < 1 || n_ctx0 < 1) return false;
+  if (exact_pre_rope || table.dead > 0 || tokens < 1 || n_ctx0 < 1) return false;
 #if defined(__AVX512F__)
   if (float_rows_fit(cache, layer, table, n_ctx0, tokens, group, head_dim)) {
     // Sub-tiles of at most kFloatRows rows, whole tokens.
@@ -404,9 +410,17 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
       // Unnormalized weights (each row's largest in the part is 1).
       for (int r = first_reader(j) * group; r < rows; ++r)
         exp_into(sum + size_t(r) * kLanes, block_scores + size_t(r) * bs, seen(r, j), n, top[r]);
+      // Tokens that see only part of the block weigh only that part: a
+      // weight of 0 on a value past their context would still turn an
+      // infinite value (an FP16 overflow) into NaN for them.
       runs(v_at, j, [&](const KvBlockView& v, int a, int b, int n_read) {
-        v.codec->accumulate(block_scores + size_t(a) * group * bs, (b - a) * group, bs, v.data, n_read, kv_head,
-                            part_out + size_t(a) * set);
+        auto weigh = [&](int t0, int t1, int n_seen) {
+          v.codec->accumulate(block_scores + size_t(t0) * group * bs, (t1 - t0) * group, bs, v.data, n_seen, kv_head,
+                              part_out + size_t(t0) * set);
+        };
+        const int whole = std::clamp(j * bs + n_read - n_ctx0, a, b);  // the first token that sees all n_read
+        for (int t = a; t < whole; ++t) weigh(t, t + 1, seen(t * group, j));
+        if (whole < b) weigh(whole, b, n_read);
       });
     }
     for (int r = r0; r < rows; ++r)

@@ -31,8 +31,9 @@ constexpr int32_t kTilePartTokens = 4096;
 // Keys stored before RoPE in spans (the int2 presets) rotate the tile's rows
 // once per span, as attend_kv_head rotates its group. Returns false, writing
 // nothing, where the layer needs attend_kv_head per token: keys stored
-// exactly before RoPE (a rotated query per position), evicted slots, or
-// slots that are not positions.
+// exactly before RoPE (a rotated query per position), keys in spans once
+// slots are no longer positions (after compaction), or evicted slots not
+// yet compacted.
 // The context goes in parts of part_tokens (whole blocks), each a two-pass
 // softmax whose scores stay in L2, merged as they come (online softmax):
 // the scratch does not grow with the context.
