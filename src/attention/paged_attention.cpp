@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "attention/head_slice_prefetch.h"
+#include "attention/span_queries.h"
 #include "kernels/vector_ops.h"
 
 namespace kvserve {
@@ -42,26 +43,12 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   // first position.
   const int rope_span = pre_rope ? cache.k_rope_span(layer) : 1;
   const bool spans_aligned = rope_span > 1 && table.slot_positions.empty();
-  // Span s of block b takes the queries rotated back to p = b * bs + s *
-  // span, in two steps: to p's multiple of kCoarse (kept while blocks stay
-  // under it), then by the rest, under kCoarse + bs. Both read rows the
-  // blocks share, which stay in cache; one row per block at its own
-  // position missed it (rotate_back 8-9% of int2-small's step at 16K).
-  // (Positions stay below the rope table's size: the context-length check;
-  // sinks keep them under budget + a block.)
-  constexpr int32_t kCoarse = 1024;
   const size_t set = size_t(group) * size_t(head_dim);
-  float* coarse_q = pre_rope ? scratch.rotated.data() + size_t(bs) * set : nullptr;  // rotated back by coarse_pos
-  int32_t coarse_pos = -1;
+  SpanQueries span_queries(cache.rope_table(), q, group, head_dim,
+                           pre_rope ? scratch.rotated.data() + size_t(bs) * set : nullptr);
   auto score_spans = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
-    const int32_t first = b * bs, coarse = first / kCoarse * kCoarse;
-    if (coarse != coarse_pos) {
-      cache.rope_table().rotate_back(q, group, coarse, coarse_q);
-      coarse_pos = coarse;
-    }
     float* sets = scratch.rotated.data();  // (spans, group, head_dim): spans <= bs
-    for (int s0 = 0; s0 < n; s0 += rope_span)
-      cache.rope_table().rotate_back(coarse_q, group, first - coarse + s0, sets + size_t(s0 / rope_span) * set);
+    span_queries.rotate(b * bs, n, rope_span, 0, group, sets);
     k.codec->score_spans(sets, group, k.data, n, rope_span, kv_head, scale, block_scores, stride);
   };
   // What the query is rotated back by for the key in `slot`: its RoPE

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "attention/head_slice_prefetch.h"
+#include "attention/span_queries.h"
 
 namespace kvserve {
 namespace {
@@ -53,14 +54,14 @@ inline float lanes_sum(const float* lanes) { return *lanes; }
 #endif
 
 // Folds one part's softmax (its largest score `top`, exp-sum `sum` and
-// unnormalized output part_out) into a row's running ones (online
-// softmax). top = -inf: the part saw nothing of the row.
+// unnormalized output part_out, head_dim values `step` apart) into a row's
+// running ones (online softmax). top = -inf: the part saw nothing of the row.
 inline void merge_part(float& run_top, float& run_sum, float* run_out, float top, float sum, const float* part_out,
-                       int head_dim) {
+                       int head_dim, size_t step = 1) {
   if (top == -INFINITY) return;
   const float next = std::max(run_top, top);
   const float a = run_top == -INFINITY ? 0.0f : std::exp(run_top - next), b = std::exp(top - next);
-  for (int d = 0; d < head_dim; ++d) run_out[d] = run_out[d] * a + part_out[d] * b;
+  for (int d = 0; d < head_dim; ++d) run_out[d * step] = run_out[d * step] * a + part_out[d * step] * b;
   run_sum = run_sum * a + sum * b;
   run_top = next;
 }
@@ -233,14 +234,8 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
     };
     each_block(k_at, [&](int32_t first, int n, float* st) { score_rows<R>(qt, kv, n, hd, first, lim, st, top); });
     each_block(v_at, [&](int32_t, int n, float* st) { accumulate_rows<R>(st, n, kv, hd, top, sum, part_ot); });
-    for (int r = 0; r < lanes; ++r) {  // merge_part, along the lanes
-      if (top[r] == -INFINITY) continue;  // the part saw nothing of row r
-      const float next = std::max(run_top[r], top[r]);
-      const float a = run_top[r] == -INFINITY ? 0.0f : std::exp(run_top[r] - next), b = std::exp(top[r] - next);
-      for (int d = 0; d < hd; ++d) ot[size_t(d) * lanes + r] = ot[size_t(d) * lanes + r] * a + part_ot[size_t(d) * lanes + r] * b;
-      run_sum[r] = run_sum[r] * a + sum[r] * b;
-      run_top[r] = next;
-    }
+    for (int r = 0; r < lanes; ++r)  // row r's outputs run down lane r
+      merge_part(run_top[r], run_sum[r], ot + r, top[r], sum[r], part_ot + r, hd, size_t(lanes));
   }
   for (int r = 0; r < rows; ++r) {
     float* dst = out + size_t(r / group) * stride + size_t(r % group) * hd;
@@ -249,22 +244,14 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
   }
 }
 
-// Whether the tile can take attend_float_rows: float codecs (keys after
-// RoPE), head_dim a multiple of 16, a group of at most 64 query heads, and
-// every block read through one view by all the tile's tokens (float layers
-// are not staged today; the check keeps the path right if they ever are).
-bool float_rows_fit(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx0, int tokens, int group,
-                    int head_dim) {
-  if (!cache.k_codec(layer).stores_floats() || !cache.v_codec(layer).stores_floats() || cache.k_pre_rope(layer))
-    return false;
-  if (head_dim % 16 != 0 || group > 16 * kMaxRowVectors) return false;
-  const int32_t n_last = n_ctx0 + tokens - 1;
-  // Views can differ only for blocks sealed for the last token but not the first.
-  for (int32_t j = cache.sealed_blocks(n_ctx0); j < cache.sealed_blocks(n_last); ++j)
-    if (cache.k_view(layer, table, j, n_ctx0).data != cache.k_view(layer, table, j, n_last).data ||
-        cache.v_view(layer, table, j, n_ctx0).data != cache.v_view(layer, table, j, n_last).data)
-      return false;
-  return true;
+// Whether a layer's tiles can take attend_float_rows: float codecs (keys
+// after RoPE), head_dim a multiple of 16, a group of at most 64 query heads.
+// Float layers are never staged (KvCache), so every token of a tile reads a
+// block through the same view; the tests' float caches with a residual
+// window would catch it if they were.
+bool float_rows_fit(const KvCache& cache, int layer, int group, int head_dim) {
+  return cache.k_codec(layer).stores_floats() && cache.v_codec(layer).stores_floats() && !cache.k_pre_rope(layer) &&
+         head_dim % 16 == 0 && group <= 16 * kMaxRowVectors;
 }
 #endif
 
@@ -281,7 +268,7 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
   const bool exact_pre_rope = cache.k_pre_rope(layer) && (rope_span <= 1 || !table.slot_positions.empty());
   if (exact_pre_rope || table.dead > 0 || tokens < 1 || n_ctx0 < 1) return false;
 #if defined(__AVX512F__)
-  if (float_rows_fit(cache, layer, table, n_ctx0, tokens, group, head_dim)) {
+  if (float_rows_fit(cache, layer, group, head_dim)) {
     // Sub-tiles of at most kFloatRows rows, whole tokens.
     const int per = std::max(1, kFloatRows / group);
     for (int t0 = 0; t0 < tokens; t0 += per) {
@@ -349,19 +336,15 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
   // Columns of block j that row r's token sees (>= 1 from its first reader on).
   auto seen = [&](int r, int32_t j) { return std::min(bs, n_ctx0 + r / group - j * bs); };
 
-  // Keys in RoPE spans (KvCodecConfig::rope_span): as attend_kv_head, the
-  // rows rotated back to each span's first position in two steps, to its
-  // multiple of kCoarse (kept while blocks stay under it), then by the rest.
-  constexpr int32_t kCoarse = 1024;
-  int32_t coarse_pos = -1;
-  float* coarse_q = nullptr;  // (rows, head_dim)
-  float* span_q = nullptr;    // (spans of a block, rows of a run, head_dim)
+  // Keys in RoPE spans (KvCodecConfig::rope_span): the rows rotated back to
+  // each span's first position, as attend_kv_head rotates its group.
+  float* span_q = nullptr;  // (spans of a block, rows of a run, head_dim)
   if (rope_span > 1) {
     const size_t need = size_t(rows) * head_dim * (1 + size_t((bs + rope_span - 1) / rope_span));
     if (scratch.rotated.size() < need) scratch.rotated.resize(need);
-    coarse_q = scratch.rotated.data();
-    span_q = coarse_q + size_t(rows) * head_dim;
+    span_q = scratch.rotated.data() + size_t(rows) * head_dim;
   }
+  SpanQueries span_queries(cache.rope_table(), tq, rows, head_dim, scratch.rotated.data());
   auto score_run = [&](const KvBlockView& k, int32_t j, int a, int b, int n, float* block_scores) {
     const int nr = (b - a) * group;
     float* dst = block_scores + size_t(a) * group * bs;
@@ -369,14 +352,7 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
       k.codec->score(tq + size_t(a) * set, nr, k.data, n, kv_head, scale, dst, bs);
       return;
     }
-    const int32_t first = j * bs, coarse = first / kCoarse * kCoarse;
-    if (coarse != coarse_pos) {
-      cache.rope_table().rotate_back(tq, rows, coarse, coarse_q);
-      coarse_pos = coarse;
-    }
-    for (int s0 = 0; s0 < n; s0 += rope_span)
-      cache.rope_table().rotate_back(coarse_q + size_t(a) * set, nr, first - coarse + s0,
-                                     span_q + size_t(s0 / rope_span) * nr * head_dim);
+    span_queries.rotate(j * bs, n, rope_span, a * group, nr, span_q);
     k.codec->score_spans(span_q, nr, k.data, n, rope_span, kv_head, scale, dst, bs);
   };
 
