@@ -490,6 +490,15 @@ TEST(VectorOps, SoftmaxExponentialIsWithinTwoUlp) {
     worst = std::max(worst, std::fabs(double(v[1]) - want) / ulp);
   }
   EXPECT_LE(worst, 2.0);
+  // Subnormal results (AVX2 scales by two powers of two, AVX-512 by scalef):
+  // within one step of the subnormal grid (2^-149).
+  double worst_sub = 0;
+  for (float x = -103.5f; x <= -87.5f; x += 3.1e-3f) {
+    float v[2] = {0.0f, x};
+    softmax(v, 2);
+    worst_sub = std::max(worst_sub, std::fabs(double(v[1]) - std::exp(double(x))) / std::ldexp(1.0, -149));
+  }
+  EXPECT_LE(worst_sub, 1.0);
   float tiny[4] = {0.0f, -104.0f, -500.0f, -INFINITY};
   softmax(tiny, 4);
   EXPECT_EQ(tiny[0], 1.0f);

@@ -399,9 +399,11 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
 // the sum of the residuals.
 TEST(KvCodec, EightBitWeightResidualAveragesOut) {
   const KvBlockShape shape{32, 1, 64};
-  for (const auto [type, levels] : {std::pair{KvDType::INT4, 16}, std::pair{KvDType::INT2, 4}}) {
+  int checked = 0;  // AVX2 builds have the 4-bit kernel only
+  for (const auto& [type, levels] : {std::pair{KvDType::INT4, 16}, std::pair{KvDType::INT2, 4}}) {
     const KvCodecConfig config{type, KvGrouping::Token, 64, {}, {}};
-    if (token_weight_steps(config, shape) != 127) GTEST_SKIP() << "no 8-bit weight kernel in this build";
+    if (token_weight_steps(config, shape) != 127) continue;
+    ++checked;
     auto codec = make_kv_codec(config, shape);
     const int hd = shape.head_dim, bs = shape.block_size;
     std::vector<float> x(size_t(bs) * hd);
@@ -425,6 +427,7 @@ TEST(KvCodec, EightBitWeightResidualAveragesOut) {
                                               << mean / step << " steps";
     }
   }
+  if (checked == 0) GTEST_SKIP() << "no 8-bit weight kernel in this build";
 }
 
 TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {

@@ -16,6 +16,7 @@ namespace {
 // Each row's running largest score and exp-sum, kept as kLanes partial
 // lanes until the end of the pass: a block row is one or a few vectors, and
 // a horizontal reduction per block row cost as much as its exponentials.
+// (16 lanes with AVX-512, 8 with AVX2.)
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
 inline __mmask16 first_lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(0, n)) - 1); }
@@ -42,6 +43,38 @@ inline void exp_into(float* lanes, float* x, int n, int m, float shift) {
 }
 inline float lanes_max(const float* lanes) { return _mm512_reduce_max_ps(_mm512_loadu_ps(lanes)); }
 inline float lanes_sum(const float* lanes) { return _mm512_reduce_add_ps(_mm512_loadu_ps(lanes)); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kLanes = 8;
+inline void max_into(float* lanes, const float* x, int n) {
+  __m256 m = _mm256_loadu_ps(lanes);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  _mm256_storeu_ps(lanes, m);
+  for (; i < n; ++i) lanes[0] = std::max(lanes[0], x[i]);
+}
+inline void exp_into(float* lanes, float* x, int n, int m, float shift) {
+  const __m256 sh = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_loadu_ps(lanes);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = simd::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (i < n) {  // the tail through a padded copy: the same exponential
+    alignas(32) float t[8];
+    for (int k = 0; k < 8; ++k) t[k] = i + k < n ? x[i + k] - shift : -INFINITY;
+    const __m256 e = simd::exp_nonpositive(_mm256_load_ps(t));
+    _mm256_store_ps(t, e);
+    sum = _mm256_add_ps(sum, e);
+    std::copy(t, t + (n - i), x + i);
+    i = n;
+  }
+  std::fill(x + i, x + m, 0.0f);
+  _mm256_storeu_ps(lanes, sum);
+}
+inline float lanes_max(const float* lanes) { return simd::hmax8(_mm256_loadu_ps(lanes)); }
+inline float lanes_sum(const float* lanes) { return simd::hsum8(_mm256_loadu_ps(lanes)); }
 #else
 constexpr int kLanes = 1;
 inline void max_into(float* lanes, const float* x, int n) { *lanes = std::max(*lanes, *std::max_element(x, x + n)); }

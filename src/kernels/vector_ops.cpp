@@ -2,7 +2,8 @@
 // it decides results bit for bit (rmsnorm's final scaling, softmax's division,
 // silu's expression, rope's angles); only reductions are reassociated into
 // SIMD lanes. Exponentials use libm's expf, except softmax's and silu's: with
-// AVX-512 they run simd::exp_nonpositive (util/simd.h), within 2 ulp of the exact value
+// AVX-512 or AVX2 they run simd::exp_nonpositive (util/simd.h, the same
+// numbers on both), within 2 ulp of the exact value
 // (libm's expf is within 1), because a scalar expf per score was 15-30% of
 // quantized decode attention at long context, and per hidden unit ~4% of a
 // 16-sequence batched step.
@@ -82,6 +83,30 @@ float exp_shifted(float* x, int64_t n, float* max_out) {
     vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
   }
   return _mm512_reduce_add_ps(vsum);
+#elif defined(__AVX2__) && defined(__FMA__)
+  int64_t i = 0;
+  __m256 vmax = _mm256_set1_ps(x[0]);
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  max_val = simd::hmax8(vmax);
+  for (; i < n; ++i) max_val = std::max(max_val, x[i]);
+  if (max_out != nullptr) *max_out = max_val;
+  const __m256 shift = _mm256_set1_ps(max_val);
+  __m256 vsum = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = simd::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
+    _mm256_storeu_ps(x + i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  if (i < n) {  // the tail through a padded copy: the same exponential as the lanes
+    alignas(32) float tail[8];
+    const int64_t rest = n - i;
+    for (int k = 0; k < 8; ++k) tail[k] = k < rest ? x[i + k] - max_val : -INFINITY;
+    const __m256 e = simd::exp_nonpositive(_mm256_load_ps(tail));
+    _mm256_store_ps(tail, e);
+    vsum = _mm256_add_ps(vsum, e);
+    std::copy(tail, tail + rest, x + i);
+  }
+  return simd::hsum8(vsum);
 #else
   for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);
   if (max_out != nullptr) *max_out = max_val;
@@ -136,7 +161,27 @@ void silu_mul(float* gate, const float* up, int64_t n) {
     _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(_mm512_mul_ps(v, sigmoid), _mm512_maskz_loadu_ps(m, up + i)));
   }
 #else
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  // The AVX-512 expression on 8 lanes; a tail through padded copies.
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  auto silu8 = [&](__m256 v, __m256 u) {
+    const __m256 e = simd::exp_nonpositive(_mm256_or_ps(v, sign));  // e^-|v|
+    const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(_mm256_mul_ps(v, sigmoid), u);
+  };
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(gate + i, silu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    alignas(32) float g[8] = {}, u[8] = {};
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_store_ps(g, silu8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    std::copy(g, g + (n - i), gate + i);
+    return;
+  }
+#endif
+  for (; i < n; ++i) {
     float v = gate[i];
     v *= 1.0f / (1.0f + std::exp(-v));
     gate[i] = v * up[i];

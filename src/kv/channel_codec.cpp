@@ -13,9 +13,11 @@ namespace int_codec {
 // only where a fold serves 32 tokens or more: with
 // 16-token groups the 8-bit fold's extra rounding work outweighs the halved
 // dot products (a 16K layer of int4 in 16-token blocks on one thread: 1.79
-// vs 1.60-1.69 ms; BENCHMARKS.md).
+// vs 1.60-1.69 ms; BENCHMARKS.md). AVX2 builds take the same numbers
+// through vpmaddubsw (score_tile8_bytes).
 static bool byte_query_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || \
+    (!defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__))
   const int group = c.group_size > 0 ? c.group_size : s.block_size;
   const int fold_tokens = c.pre_rope ? std::min(group, c.rope_span) : group;  // tokens one query fold serves
   return c.dtype == KvDType::INT4 && c.grouping == KvGrouping::Channel && !c.is_static() && s.head_dim % 8 == 0 &&
@@ -91,7 +93,11 @@ class ChannelCodec final : public KvCodec {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     channel_major_simd_ = channel_major_ && s.head_dim % 2 == 0;
 #endif
+#if defined(__AVX512BW__)
     byte_dots_ = channel_major_simd_ && byte_query_kernel(c, s);
+#else
+    byte_dots_ = octets_ && byte_query_kernel(c, s);  // score_channel_pairs' 8-bit path
+#endif
   }
 
   size_t block_bytes() const override {
@@ -350,6 +356,68 @@ class ChannelCodec final : public KvCodec {
       std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
     }
   }
+#if !defined(__AVX512BW__)
+  // fold_queries' 8-bit fold on 8 lanes, the same numbers: folded =
+  // round(q_c scale_c / step), step = max_c |q_c scale_c| / 127, and the
+  // rounding residual's part at the codes' midpoint joins the bias.
+  static void fold_query_bytes8(const float* q, int hd, const float* sc, const float* mn, float* step, float* bias,
+                                int8_t* folded) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 x = _mm256_loadu_ps(q + d);
+      top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
+      b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
+    }
+    const float mx = kvserve::simd::hmax8(top);
+    *step = mx * (1.0f / 127.0f);
+    const __m256 inv = _mm256_set1_ps(mx > 127.0f / std::numeric_limits<float>::max() ? 127.0f / mx : 0.0f);
+    const __m256 mid = _mm256_set1_ps(*step * 0.5f * float((1 << B) - 1));
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 x = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(sc + d)), inv);
+      const __m256 rounded = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i v = _mm256_cvtps_epi32(rounded);
+      const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(folded + d), _mm_packs_epi16(w, w));
+      b = _mm256_fmadd_ps(_mm256_sub_ps(x, rounded), mid, b);
+    }
+    *bias = kvserve::simd::hsum8(b);
+  }
+  // score_tile8 for 4-bit octets against 8-bit queries (q8: (NQ, quads)
+  // four-channel words in channel order, as score_tiles_bytes reads them).
+  // vpmaddubsw multiplies the 32-bit lane's four code bytes (one token's
+  // channels 8o .. 8o + 3, or 8o + 4 .. 8o + 7) by the query's four bytes
+  // into two 16-bit sums. Four octets' sums stay in 16 bits (16 products of
+  // at most 15 x 127: 30480), then vpmaddwd adds each token's two halves.
+  template <int NQ>
+  static void score_tile8_bytes(const uint8_t* head, int bs, int quads, int t0, int nt, const int32_t* q8,
+                                const float* step, const float* bias, float scale, float* scores, int stride) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
+    for (int g0 = 0; g0 < quads; g0 += 8) {
+      __m256i part[NQ];
+      for (int i = 0; i < NQ; ++i) part[i] = _mm256_setzero_si256();
+      for (int g = g0; g < std::min(quads, g0 + 8); g += 2) {  // quads is even: whole octets
+        const __m256i v = load_octet8(head, bs, g / 2, t0, nt);
+        const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        for (int i = 0; i < NQ; ++i) {
+          const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(q8[i * quads + g]));
+          const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q8[i * quads + g + 1]));
+          part[i] = _mm256_add_epi16(part[i], _mm256_add_epi16(a, b));
+        }
+      }
+      for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(part[i], ones));
+    }
+    for (int i = 0; i < NQ; ++i) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
+                                                                               _mm256_set1_ps(step[i]),
+                                                                               _mm256_set1_ps(bias[i]))));
+      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
+    }
+  }
+#endif
   void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
                            float scale, float* scores, int stride) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
@@ -361,6 +429,22 @@ class ChannelCodec final : public KvCodec {
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, kv_head * hd, hd, sc, mn);
+#if !defined(__AVX512BW__)
+      if (byte_dots_) {
+        int8_t* q8 = reinterpret_cast<int8_t*>(q16);  // (n_q, hd), read as (n_q, hd / 4) words
+        for (int i = 0; i < n_q; ++i)
+          fold_query_bytes8(q + size_t(i) * hd, hd, sc, mn, step + i, bias + i, q8 + size_t(i) * hd);
+        const int t1 = std::min(end, (tg + 1) * group_);
+        for (int t0 = std::max(begin, tg * group_); t0 < t1; t0 += 8) {
+          const int nt = std::min(8, t1 - t0);
+          by_query_groups(n_q, [&](auto nq, int i) {
+            score_tile8_bytes<nq.value>(head, bs, hd / 4, t0, nt, f.pairs + size_t(i) * hd / 4, step + i, bias + i,
+                                        scale, scores + size_t(i) * stride, stride);
+          });
+        }
+        continue;
+      }
+#endif
       for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
         const float* qi = q + size_t(i) * hd;
         __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();

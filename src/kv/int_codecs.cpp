@@ -23,9 +23,16 @@ std::atomic<bool> g_byte_value_weights{true};
 // With 16-token blocks (int4's former preset layout) the 8-bit fold's extra
 // work ate the gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
+// AVX2 builds (accumulate_bytes8) take 4-bit codes the same way, with
+// vpmaddubsw over token pairs.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
+         c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
+         (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
+         s.block_size % 4 == 0;
+#elif !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
+  return g_byte_value_weights.load(std::memory_order_relaxed) && c.dtype == KvDType::INT4 &&
          c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
          (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
          s.block_size % 4 == 0;
@@ -151,6 +158,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #endif
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
     pairs_ready_ = head_major_ && group_ == s.head_dim && B >= 4 && s.head_dim % 16 == 0;
+    byte_weights_ = byte_weight_kernel(c, s);
 #endif
   }
 
@@ -287,6 +295,13 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         return true;
       }
 #endif
+#if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
+    if constexpr (B == 4)
+      if (byte_weights_ && n > 0) {
+        accumulate_bytes8(weights, n_q, stride, block, n, kv_head, out);
+        return true;
+      }
+#endif
     if (!pairs_ready_ || n <= 0) return false;
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
     const uint8_t* codes = head_codes(block, kv_head);
@@ -335,6 +350,146 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   }
 #endif
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
+  // accumulate_bytes on AVX2, the same numbers: u8_t = round(w_t scale_t /
+  // step), step = max_t w_t scale_t / 127 per (query, block), the rounding
+  // residual's midpoint part in the bias (fold_weight_bytes8). vpmaddubsw
+  // multiplies two tokens' code bytes (unsigned) by their two weights per
+  // 16-bit lane (accumulate_pairs_bytes8); heads that are not a multiple of
+  // 64 channels take the scalar loop accumulate_bytes runs for them.
+  void accumulate_bytes8(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                         float* out) const {
+    const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs (block_size % 4 == 0)
+    const int ns = (std::max(n2, shape_.block_size) + 7) / 8 * 8;  // decode_run fills the whole block's pairs
+    const uint8_t* codes = head_codes(block, kv_head);
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int8_t> ubuf;
+    if (fbuf.size() < size_t(3 * ns + 2 * n_q)) fbuf.resize(size_t(3 * ns + 2 * n_q));
+    if (ubuf.size() < size_t(n_q) * size_t(n2)) ubuf.resize(size_t(n_q) * size_t(n2));
+    float *sc = fbuf.data(), *mn = sc + ns, *u = mn + ns, *step = u + ns, *bias = step + n_q;
+    int8_t* u8 = ubuf.data();  // (n_q, n2)
+    if (compact_) {
+      scale8::decode_run(head_run(block, kv_head), shape_.block_size, sc, mn);  // group == head: one pair per token
+    } else {
+      for (int t = 0; t < n; ++t) {
+        const fp16_t* m = reinterpret_cast<const fp16_t*>(head_run(block, kv_head)) + 2 * size_t(t);
+        sc[t] = fp16_to_fp32(m[0]);
+        mn[t] = fp16_to_fp32(m[1]);
+      }
+    }
+    for (int i = 0; i < n_q; ++i)
+      fold_weight_bytes8(weights + size_t(i) * stride, sc, mn, n, n2, u, step + i, bias + i, u8 + size_t(i) * n2);
+    if (hd % 64 == 0) {
+      for (int i = 0; i < n_q; i += 2) {  // two queries' sums fill the registers
+        if (n_q - i >= 2) accumulate_pairs_bytes8<2>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+        else accumulate_pairs_bytes8<1>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+      }
+      return;
+    }
+    for (int k = 0; k < n_q; ++k)
+      for (int d = 0; d < hd; ++d) {
+        int32_t acc = 0;
+        for (int t = 0; t < n; ++t) acc += int32_t(u8[size_t(k) * n2 + t]) * get_code<B>(codes + size_t(t) * head_code_bytes_, d);
+        out[size_t(k) * hd + d] += float(acc) * step[k] + bias[k];
+      }
+  }
+  // fold_weights<NQ, int8_t> on 8 lanes for one query: w (n), the tokens'
+  // scales and mins sc, mn (n); u: scratch of n2 rounded up to 8 floats.
+  static void fold_weight_bytes8(const float* w, const float* sc, const float* mn, int n, int n2, float* u,
+                                 float* step, float* bias, int8_t* u8) {
+    __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int t = 0; t < n2; t += 8) {
+      // Tokens past n weigh nothing (their weights and metadata are not read).
+      const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - t), lane);
+      const __m256 s = _mm256_maskload_ps(sc + t, live);
+      const __m256 m = _mm256_fmadd_ps(s, _mm256_set1_ps(kMid), _mm256_maskload_ps(mn + t, live));  // the midpoint term
+      const __m256 wt = _mm256_maskload_ps(w + t, live);
+      const __m256 ut = _mm256_mul_ps(wt, s);
+      top = _mm256_max_ps(top, ut);
+      b = _mm256_fmadd_ps(wt, m, b);
+      _mm256_storeu_ps(u + t, ut);
+    }
+    const float mx = kvserve::simd::hmax8(top);
+    *step = mx * (1.0f / 127.0f);
+    const __m256 inv = _mm256_set1_ps(mx > 127.0f / std::numeric_limits<float>::max() ? 127.0f / mx : 0.0f);
+    __m256i rounded_sum = _mm256_setzero_si256();
+    for (int t = 0; t < n2; t += 8) {
+      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + t), inv));
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+      const __m128i w8 = _mm_packs_epi16(w16, w16);
+      if (n2 - t >= 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(u8 + t), w8);
+      else std::memcpy(u8 + t, &w8, size_t(n2 - t));
+      rounded_sum = _mm256_add_epi32(rounded_sum, r);
+    }
+    alignas(32) int32_t sums[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), rounded_sum);
+    int32_t total = 0;
+    for (int k = 0; k < 8; ++k) total += sums[k];
+    // As fold_weights: the bias took kMid step sum_t x_t, the codes' midpoint
+    // meets kMid step sum_t round(x_t).
+    *bias = kvserve::simd::hsum8(b) - kMid * *step * float(total);
+  }
+  // NQ (1 or 2) queries' 8-bit weights u8 (NQ, n2) against 4-bit codes, 64
+  // channels (a 32-byte row) per unit. unpacklo/hi_epi8 of two tokens' rows
+  // pair their bytes; the low nibbles then hold (channel 2p of token t, of
+  // t + 1) and the high nibbles channel 2p + 1, and vpmaddubsw against the
+  // (u_t, u_t+1) pair gives each channel's two products in one 16-bit lane.
+  // Eight pairs stay in 16 bits (16 products of at most 15 x 127: 30480)
+  // before they are widened into the int32 sums.
+  template <int NQ>
+  void accumulate_pairs_bytes8(const uint8_t* codes, const int8_t* u8, int n2, const float* step, const float* bias,
+                               float* out) const {
+    const int hd = shape_.head_dim;
+    const size_t row = head_code_bytes_;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    for (int unit = 0; unit * 64 < hd; ++unit) {
+      // acc[i][v]: v = even/odd nibbles of unpacklo (bytes 0-7 | 16-23), then of unpackhi (8-15 | 24-31).
+      alignas(32) int32_t acc[NQ][4][16] = {};
+      const uint8_t* base = codes + size_t(unit) * 32;
+      for (int t0 = 0; t0 < n2; t0 += 16) {
+        __m256i part[NQ][4];
+        for (int i = 0; i < NQ; ++i)
+          for (int v = 0; v < 4; ++v) part[i][v] = _mm256_setzero_si256();
+        for (int t = t0; t < std::min(n2, t0 + 16); t += 2) {
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t) * row));
+          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t + 1) * row));
+          const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+          const __m256i x[4] = {_mm256_and_si256(lo, nib), _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib),
+                                _mm256_and_si256(hi, nib), _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib)};
+          for (int i = 0; i < NQ; ++i) {
+            int16_t pair;
+            std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
+            const __m256i w = _mm256_set1_epi16(pair);
+            for (int v = 0; v < 4; ++v) part[i][v] = _mm256_add_epi16(part[i][v], _mm256_maddubs_epi16(x[v], w));
+          }
+        }
+        for (int i = 0; i < NQ; ++i)
+          for (int v = 0; v < 4; ++v) {
+            __m256i* dst = reinterpret_cast<__m256i*>(acc[i][v]);
+            dst[0] = _mm256_add_epi32(dst[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(part[i][v])));
+            dst[1] = _mm256_add_epi32(dst[1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(part[i][v], 1)));
+          }
+      }
+      // Word k of even/odd vector v is channel 2p / 2p + 1 with p = k (v = 0,
+      // 1) or 8 + k (v = 2, 3) for k < 8, and p + 8 for k >= 8 (the upper
+      // 128-bit lane): each 8 words of an even and an odd vector interleave
+      // into 16 consecutive channels.
+      for (int i = 0; i < NQ; ++i)
+        for (int h = 0; h < 2; ++h)      // h = 0: unpacklo, channels 0-15 and 32-47; 1: unpackhi, 16-31 and 48-63
+          for (int half = 0; half < 2; ++half) {
+            const __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i][2 * h] + 8 * half));
+            const __m256i o = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i][2 * h + 1] + 8 * half));
+            const __m256i l = _mm256_unpacklo_epi32(e, o), r = _mm256_unpackhi_epi32(e, o);
+            float* dst = out + size_t(i) * hd + unit * 64 + 32 * half + 16 * h;
+            for (int q = 0; q < 2; ++q) {
+              const __m256i v = _mm256_permute2x128_si256(l, r, q == 0 ? 0x20 : 0x31);
+              _mm256_storeu_ps(dst + 8 * q, _mm256_add_ps(_mm256_loadu_ps(dst + 8 * q),
+                                                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(step[i]),
+                                                                          _mm256_set1_ps(bias[i]))));
+            }
+          }
+    }
+  }
   // Channels [c0, c0 + 16) of token t as 16-bit words in natural order.
   __m256i words16(const uint8_t* codes, int t, int c0) const {
     const uint8_t* p = codes + size_t(t) * head_code_bytes_ + size_t(c0) * B / 8;
@@ -499,6 +654,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   bool simd_ = false;
   bool pairs_ready_ = false;         // integer_accumulate applies
   [[maybe_unused]] bool byte_weights_ = false;  // ... with 8-bit weights (accumulate_bytes)
+  static constexpr float kMid = 0.5f * float((1 << B) - 1);  // the codes' midpoint (8-bit weight folds)
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
 
 #if defined(__AVX512BW__)
@@ -537,7 +693,6 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   // u: scratch of (NQ, ns) floats.
   // Out = int8_t (qmax 127): as the 8-bit query fold in channel_codec.cpp,
   // the rounding residual's part at the codes' midpoint joins the bias.
-  static constexpr float kMid = 0.5f * float((1 << B) - 1);
   template <int NQ, class Out = int16_t>
   static void fold_weights(const float* w, int stride, const uint8_t* meta, int n, int n2, int ns, float qmax,
                            float* u, float* step, float* bias, Out* u16) {
