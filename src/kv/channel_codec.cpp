@@ -394,21 +394,26 @@ class ChannelCodec final : public KvCodec {
                                 const float* step, const float* bias, float scale, float* scores, int stride) {
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256i acc[NQ];
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
     for (int g0 = 0; g0 < quads; g0 += 8) {
       __m256i part[NQ];
+      #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) part[i] = _mm256_setzero_si256();
       for (int g = g0; g < std::min(quads, g0 + 8); g += 2) {  // quads is even: whole octets
         const __m256i v = load_octet8(head, bs, g / 2, t0, nt);
         const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i) {
           const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(q8[i * quads + g]));
           const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q8[i * quads + g + 1]));
           part[i] = _mm256_add_epi16(part[i], _mm256_add_epi16(a, b));
         }
       }
+      #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(part[i], ones));
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       alignas(32) float out[8];
       _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),

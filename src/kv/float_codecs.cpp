@@ -243,15 +243,15 @@ class FloatCodec final : public KvCodec {
       return;
     }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (hd % 8 == 0 && n_q <= 4) {  // AVX2: each key converted once for all the group's queries
-      for (int t = 0; t < n; ++t) {
-        const T* k = at(block, kv_head, t);
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int d = 0; d < hd; d += 8) {
-          const __m256 x = Tr::load8(k + d);
-          for (int i = 0; i < n_q; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * hd + d), x, acc[i]);
-        }
-        for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * simd::hsum8(acc[i]);
+    if (hd % 8 == 0) {  // AVX2: each key converted once for up to 3 queries, 4 keys reduced together
+      const T* k = at(block, kv_head, 0);
+      for (int i = 0, m; i < n_q; i += m) {
+        m = std::min(3, n_q - i);
+        const float* qi = q + size_t(i) * hd;
+        float* si = scores + size_t(i) * stride;
+        if (m == 3) score_quads8<3>(qi, k, n, scale, si, stride);
+        else if (m == 2) score_quads8<2>(qi, k, n, scale, si, stride);
+        else score_quads8<1>(qi, k, n, scale, si, stride);
       }
       return;
     }
@@ -288,6 +288,19 @@ class FloatCodec final : public KvCodec {
       });
       return;
     }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (hd % 32 == 0) {  // AVX2: up to 3 queries' sums of 32 channels stay in registers across the tokens
+      const T* v = at(block, kv_head, 0);
+      for (int i = 0, m; i < n_q; i += m) {
+        m = std::min(3, n_q - i);
+        const float* wi = weights + size_t(i) * stride;
+        float* oi = out + size_t(i) * hd;
+        if (m == 3) accumulate_dims8<3>(wi, stride, v, n, oi);
+        else if (m == 2) accumulate_dims8<2>(wi, stride, v, n, oi);
+        else accumulate_dims8<1>(wi, stride, v, n, oi);
+      }
+      return;
+    }
 #endif
     for (int t = 0; t < n; ++t) {
       const T* v = at(block, kv_head, t);
@@ -296,6 +309,66 @@ class FloatCodec final : public KvCodec {
   }
 
  private:
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  // NQ queries (NQ, hd) against keys k (n, hd), four keys at a time: their
+  // per-lane sums reduce together (three horizontal adds for four scores,
+  // instead of a full reduction per score).
+  template <int NQ>
+  void score_quads8(const float* q, const T* k, int n, float scale, float* scores, int stride) const {
+    const int hd = shape_.head_dim;
+    for (int t = 0; t < n; t += 4) {
+      const int nt = std::min(4, n - t);
+      __m256 acc[NQ][4];
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_setzero_ps();
+      #pragma GCC unroll 8
+      for (int d = 0; d < hd; d += 8)
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const __m256 x = Tr::load8(k + size_t(t + std::min(u, nt - 1)) * hd + d);  // past n: a repeat, not stored
+          #pragma GCC unroll 4
+          for (int i = 0; i < NQ; ++i) acc[i][u] = _mm256_fmadd_ps(_mm256_loadu_ps(q + size_t(i) * hd + d), x, acc[i][u]);
+        }
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+        const __m128 sums = _mm_mul_ps(_mm_set1_ps(scale), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        alignas(16) float four[4];
+        _mm_store_ps(four, sums);
+        std::copy(four, four + nt, scores + size_t(i) * stride + t);
+      }
+    }
+  }
+  // NQ queries' weights (NQ, stride) times values v (n, hd) into out (NQ, hd).
+  template <int NQ>
+  void accumulate_dims8(const float* w, int stride, const T* v, int n, float* out) const {
+    const int hd = shape_.head_dim;
+    for (int d0 = 0; d0 < hd; d0 += 32) {
+      __m256 acc[NQ][4];
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) acc[i][e] = _mm256_loadu_ps(out + size_t(i) * hd + d0 + 8 * e);
+      for (int t = 0; t < n; ++t) {
+        __m256 wt[NQ];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) wt[i] = _mm256_broadcast_ss(w + size_t(i) * stride + t);
+        #pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+          const __m256 x = Tr::load8(v + size_t(t) * hd + d0 + 8 * e);
+          #pragma GCC unroll 4
+          for (int i = 0; i < NQ; ++i) acc[i][e] = _mm256_fmadd_ps(wt[i], x, acc[i][e]);
+        }
+      }
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) _mm256_storeu_ps(out + size_t(i) * hd + d0 + 8 * e, acc[i][e]);
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   void score_passes(const float* q, size_t q_token_stride, int n_q, const uint8_t* block, int n, int kv_head,
                     float scale, float* scores, int stride) const {

@@ -379,8 +379,10 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     for (int i = 0; i < n_q; ++i)
       fold_weight_bytes8(weights + size_t(i) * stride, sc, mn, n, n2, u, step + i, bias + i, u8 + size_t(i) * n2);
     if (hd % 64 == 0) {
-      for (int i = 0; i < n_q; i += 2) {  // two queries' sums fill the registers
-        if (n_q - i >= 2) accumulate_pairs_bytes8<2>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+      for (int i = 0, m; i < n_q; i += m) {
+        m = std::min(3, n_q - i);
+        if (m == 3) accumulate_pairs_bytes8<3>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+        else if (m == 2) accumulate_pairs_bytes8<2>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
         else accumulate_pairs_bytes8<1>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
       }
       return;
@@ -448,7 +450,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const uint8_t* base = codes + size_t(unit) * 32;
       for (int t0 = 0; t0 < n2; t0 += 16) {
         __m256i part[NQ][4];
+        #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i)
+          #pragma GCC unroll 4
           for (int v = 0; v < 4; ++v) part[i][v] = _mm256_setzero_si256();
         for (int t = t0; t < std::min(n2, t0 + 16); t += 2) {
           const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t) * row));
@@ -456,14 +460,18 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
           const __m256i x[4] = {_mm256_and_si256(lo, nib), _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib),
                                 _mm256_and_si256(hi, nib), _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib)};
+          #pragma GCC unroll 4
           for (int i = 0; i < NQ; ++i) {
             int16_t pair;
             std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
             const __m256i w = _mm256_set1_epi16(pair);
+            #pragma GCC unroll 4
             for (int v = 0; v < 4; ++v) part[i][v] = _mm256_add_epi16(part[i][v], _mm256_maddubs_epi16(x[v], w));
           }
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i)
+          #pragma GCC unroll 4
           for (int v = 0; v < 4; ++v) {
             __m256i* dst = reinterpret_cast<__m256i*>(acc[i][v]);
             dst[0] = _mm256_add_epi32(dst[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(part[i][v])));
@@ -474,13 +482,17 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       // 1) or 8 + k (v = 2, 3) for k < 8, and p + 8 for k >= 8 (the upper
       // 128-bit lane): each 8 words of an even and an odd vector interleave
       // into 16 consecutive channels.
+      #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i)
+        #pragma GCC unroll 4
         for (int h = 0; h < 2; ++h)      // h = 0: unpacklo, channels 0-15 and 32-47; 1: unpackhi, 16-31 and 48-63
+          #pragma GCC unroll 4
           for (int half = 0; half < 2; ++half) {
             const __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i][2 * h] + 8 * half));
             const __m256i o = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i][2 * h + 1] + 8 * half));
             const __m256i l = _mm256_unpacklo_epi32(e, o), r = _mm256_unpackhi_epi32(e, o);
             float* dst = out + size_t(i) * hd + unit * 64 + 32 * half + 16 * h;
+            #pragma GCC unroll 4
             for (int q = 0; q < 2; ++q) {
               const __m256i v = _mm256_permute2x128_si256(l, r, q == 0 ? 0x20 : 0x31);
               _mm256_storeu_ps(dst + 8 * q, _mm256_add_ps(_mm256_loadu_ps(dst + 8 * q),
