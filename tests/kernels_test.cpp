@@ -11,6 +11,7 @@
 #include "kernels/interleaved_weights.h"
 #include "kernels/matmul.h"
 #include "kernels/quantize_q8.h"
+#include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
 #include "kernels/weight_matrix.h"
 #include "util/half.h"
@@ -526,6 +527,35 @@ TEST(VectorOps, SiluMulMatchesReference) {
   silu_mul(gate, up, 6);
   silu_mul_reference(want, up, 6);
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(gate[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-36) << i;
+}
+
+// A query rotated back by pos meets an unrotated key as the query meets the
+// key rotated by rope(): dot(rotate_back(q, pos), k) == dot(q, rope(k, pos)),
+// for every head of a run (the SIMD lanes and the scalar tail).
+TEST(VectorOps, RopeTableRotatesQueriesBack) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int hd : {64, 8, 6}) {
+    const RopeTable table(40, hd, 10000.0f);
+    for (int pos : {0, 1, 17, 39}) {
+      const int n = 3;
+      std::vector<float> q(size_t(n) * hd), k(size_t(n) * hd), back(q.size());
+      for (auto& x : q) x = normal(rng);
+      for (auto& x : k) x = normal(rng);
+      table.rotate_back(q.data(), n, pos, back.data());
+      std::vector<float> rotated = k;
+      rope(rotated.data(), n, hd, pos, 10000.0f);
+      for (int h = 0; h < n; ++h) {
+        double want = 0, got = 0, scale = 0;
+        for (int d = 0; d < hd; ++d) {
+          want += double(q[size_t(h * hd + d)]) * rotated[size_t(h * hd + d)];
+          got += double(back[size_t(h * hd + d)]) * k[size_t(h * hd + d)];
+          scale += std::fabs(double(q[size_t(h * hd + d)]) * k[size_t(h * hd + d)]);
+        }
+        EXPECT_NEAR(got, want, 1e-5 * scale) << "head_dim " << hd << " pos " << pos << " head " << h;
+      }
+    }
+  }
 }
 
 TEST(VectorOps, RopeMatchesHandComputedValues) {

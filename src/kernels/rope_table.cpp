@@ -37,6 +37,12 @@ void RopeTable::rotate_back(const float* q, int n, int pos, float* out) const {
       const __m512 qs = _mm512_permutexvar_ps(swap, qv);
       _mm512_storeu_ps(out + d, _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + d), _mm512_mul_ps(qs, _mm512_loadu_ps(s + d))));
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; d + 8 <= hd; d += 8) {  // the same expression, pairs swapped within 128-bit lanes
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      const __m256 qs = _mm256_permute_ps(qv, 0xB1);
+      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(qv, _mm256_loadu_ps(c + d), _mm256_mul_ps(qs, _mm256_loadu_ps(s + d))));
+    }
 #endif
     for (; d < hd; d += 2) {
       out[d] = q[d] * c[d] + q[d + 1] * s[d];

@@ -187,6 +187,11 @@ class ChannelCodec final : public KvCodec {
       score_channel_major(q_spans, n_q, block, 0, n, kv_head, scale, scores, stride, span);
       return;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (channel_major_ && shape_.head_dim % 8 == 0) {  // the same on AVX2
+      score_channel_pairs(q_spans, n_q, block, 0, n, kv_head, scale, scores, stride, span);
+      return;
+    }
 #endif
     KvCodec::score_spans(q_spans, n_q, block, n, span, kv_head, scale, scores, stride);
   }
@@ -319,14 +324,17 @@ class ChannelCodec final : public KvCodec {
   static void score_tile8(const uint8_t* head, int bs, int pairs, int t0, int nt, const int32_t* q16,
                           const float* step, const float* bias, float scale, float* scores, int stride, bool oct) {
     __m256i acc[NQ];
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
     auto add = [&](__m256i x, int p) {
+      #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i)
         acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
     };
     if (B == 4 && oct) {
       for (int p = 0; p < pairs; p += 4) {
         const __m256i v = load_octet8(head, bs, p / 4, t0, nt);
+        #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {  // byte j: low nibble in bits 0-3, high nibble to bits 16-19
           const __m256i b = _mm256_srli_epi32(v, 8 * j);
           add(_mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0xF)),
@@ -348,6 +356,7 @@ class ChannelCodec final : public KvCodec {
         }
       }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       alignas(32) float out[8];
       _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
@@ -423,8 +432,11 @@ class ChannelCodec final : public KvCodec {
     }
   }
 #endif
+  // Tokens [begin, end); with span > 0 (keys in RoPE spans) token t meets
+  // query set t / span of q, (sets, n_q, head_dim): each token group's
+  // scales are decoded once, each span's queries folded once.
   void score_channel_pairs(const float* q, int n_q, const uint8_t* block, int begin, int end, int kv_head,
-                           float scale, float* scores, int stride) const {
+                           float scale, float* scores, int stride, int span = 0) const {
     const int hd = shape_.head_dim, bs = shape_.block_size, pairs = hd / 2;
     const uint8_t* head = block + size_t(kv_head) * head_bytes_;
     const float qmax = folded_qmax<B>(hd);
@@ -434,48 +446,51 @@ class ChannelCodec final : public KvCodec {
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, kv_head * hd, hd, sc, mn);
+      const int g_end = std::min(end, (tg + 1) * group_);
+      for (int t_lo = std::max(begin, tg * group_), t1; t_lo < g_end; t_lo = t1) {
+        t1 = span > 0 ? std::min(g_end, (t_lo / span + 1) * span) : g_end;  // one query set
+        const float* qs = span > 0 ? q + size_t(t_lo / span) * size_t(n_q) * size_t(hd) : q;
 #if !defined(__AVX512BW__)
-      if (byte_dots_) {
-        int8_t* q8 = reinterpret_cast<int8_t*>(q16);  // (n_q, hd), read as (n_q, hd / 4) words
-        for (int i = 0; i < n_q; ++i)
-          fold_query_bytes8(q + size_t(i) * hd, hd, sc, mn, step + i, bias + i, q8 + size_t(i) * hd);
-        const int t1 = std::min(end, (tg + 1) * group_);
-        for (int t0 = std::max(begin, tg * group_); t0 < t1; t0 += 8) {
+        if (byte_dots_) {
+          int8_t* q8 = reinterpret_cast<int8_t*>(q16);  // (n_q, hd), read as (n_q, hd / 4) words
+          for (int i = 0; i < n_q; ++i)
+            fold_query_bytes8(qs + size_t(i) * hd, hd, sc, mn, step + i, bias + i, q8 + size_t(i) * hd);
+          for (int t0 = t_lo; t0 < t1; t0 += 8) {
+            const int nt = std::min(8, t1 - t0);
+            by_query_groups(n_q, [&](auto nq, int i) {
+              score_tile8_bytes<nq.value>(head, bs, hd / 4, t0, nt, f.pairs + size_t(i) * hd / 4, step + i, bias + i,
+                                          scale, scores + size_t(i) * stride, stride);
+            });
+          }
+          continue;
+        }
+#endif
+        for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
+          const float* qi = qs + size_t(i) * hd;
+          __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+          for (int d = 0; d < hd; d += 8) {
+            const __m256 x = _mm256_loadu_ps(qi + d);
+            top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
+            b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
+          }
+          const float mx = kvserve::simd::hmax8(top);
+          bias[i] = kvserve::simd::hsum8(b);
+          step[i] = mx / qmax;
+          const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);
+          for (int d = 0; d < hd; d += 8) {
+            const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(sc + d)), inv));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q16 + size_t(i) * hd + d),
+                             _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+          }
+        }
+        if (octets_) order_pairs(q16, n_q, hd);
+        for (int t0 = t_lo; t0 < t1; t0 += 8) {
           const int nt = std::min(8, t1 - t0);
           by_query_groups(n_q, [&](auto nq, int i) {
-            score_tile8_bytes<nq.value>(head, bs, hd / 4, t0, nt, f.pairs + size_t(i) * hd / 4, step + i, bias + i,
-                                        scale, scores + size_t(i) * stride, stride);
+            score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
+                                  scores + size_t(i) * stride, stride, octets_);
           });
         }
-        continue;
-      }
-#endif
-      for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
-        const float* qi = q + size_t(i) * hd;
-        __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        for (int d = 0; d < hd; d += 8) {
-          const __m256 x = _mm256_loadu_ps(qi + d);
-          top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
-          b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
-        }
-        const float mx = kvserve::simd::hmax8(top);
-        bias[i] = kvserve::simd::hsum8(b);
-        step[i] = mx / qmax;
-        const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);
-        for (int d = 0; d < hd; d += 8) {
-          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(sc + d)), inv));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(q16 + size_t(i) * hd + d),
-                           _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-        }
-      }
-      if (octets_) order_pairs(q16, n_q, hd);
-      const int t1 = std::min(end, (tg + 1) * group_);
-      for (int t0 = std::max(begin, tg * group_); t0 < t1; t0 += 8) {
-        const int nt = std::min(8, t1 - t0);
-        by_query_groups(n_q, [&](auto nq, int i) {
-          score_tile8<nq.value>(head, bs, pairs, t0, nt, f.pairs + size_t(i) * pairs, step + i, bias + i, scale,
-                                scores + size_t(i) * stride, stride, octets_);
-        });
       }
     }
   }
@@ -1020,10 +1035,10 @@ class ChannelCodec final : public KvCodec {
       for (int d = 0; d < count; d += hd) scale8::decode_run(run(block, tg, (first + d) / hd), hd, scale + d, min + d);
       return;
     }
-    for (int d = 0; d < count; ++d) {
-      const fp16_t* meta = pair(block, tg, first + d);
-      scale[d] = fp16_to_fp32(meta[0]);
-      min[d] = fp16_to_fp32(meta[1]);
+    const int hd = shape_.head_dim;
+    for (int d = 0, run; d < count; d += run) {  // pairs run contiguously within a head (head-major) or a row
+      run = head_major_ ? std::min(count - d, hd - (first + d) % hd) : count - d;
+      split_pair_run(pair(block, tg, first + d), run, scale + d, min + d);
     }
   }
   // The head_dim codes of kv_head for token t, as floats.

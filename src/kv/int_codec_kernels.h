@@ -88,6 +88,25 @@ inline int quantize(float x, float min, float inv_scale) {
 
 inline float inverse(float s) { return s > 0 ? 1.0f / s : 0.0f; }
 
+// n consecutive fp16 (scale, min) pairs as two float arrays.
+inline void split_pair_run(const fp16_t* pairs, int n, float* scale, float* min) {
+  int t = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  for (; t + 8 <= n; t += 8) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + 2 * t));  // (scale, min) words
+    auto halves = [](__m256i x) {  // 8 zero-extended halves -> 8 floats
+      return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+    };
+    _mm256_storeu_ps(scale + t, halves(_mm256_and_si256(w, _mm256_set1_epi32(0xFFFF))));
+    _mm256_storeu_ps(min + t, halves(_mm256_srli_epi32(w, 16)));
+  }
+#endif
+  for (; t < n; ++t) {
+    scale[t] = fp16_to_fp32(pairs[2 * t]);
+    min[t] = fp16_to_fp32(pairs[2 * t + 1]);
+  }
+}
+
 #if defined(__AVX512F__)
 // AVX-512 attention kernels. Each codec exposes a *source*: for token t,
 // `token(t)` returns a small cursor whose `chunk(c, x)` dequantizes chunk c of

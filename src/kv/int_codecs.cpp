@@ -23,8 +23,8 @@ std::atomic<bool> g_byte_value_weights{true};
 // With 16-token blocks (int4's former preset layout) the 8-bit fold's extra
 // work ate the gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
-// AVX2 builds (accumulate_bytes8) take 4-bit codes the same way, with
-// vpmaddubsw over token pairs.
+// AVX2 builds (accumulate_bytes8) take the same numbers, with vpmaddubsw
+// over token pairs.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
   return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
@@ -32,7 +32,7 @@ static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
          (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
          s.block_size % 4 == 0;
 #elif !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
-  return g_byte_value_weights.load(std::memory_order_relaxed) && c.dtype == KvDType::INT4 &&
+  return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
          c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
          (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
          s.block_size % 4 == 0;
@@ -296,7 +296,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       }
 #endif
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
-    if constexpr (B == 4)
+    if constexpr (B == 4 || B == 2)
       if (byte_weights_ && n > 0) {
         accumulate_bytes8(weights, n_q, stride, block, n, kv_head, out);
         return true;
@@ -320,26 +320,17 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     });
 #else
     const float qmax = folded_qmax<B>(n2);
+    const int ns = (n2 + 7) / 8 * 8;
     thread_local std::vector<float> fbuf;
     thread_local std::vector<int32_t> ubuf;
-    if (fbuf.size() < size_t(2 * n2 + 2 * n_q)) fbuf.resize(size_t(2 * n2 + 2 * n_q));
+    if (fbuf.size() < size_t(3 * ns + 2 * n_q)) fbuf.resize(size_t(3 * ns + 2 * n_q));
     if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
-    float *sc = fbuf.data(), *mn = sc + n2, *step = mn + n2, *bias = step + n_q;
+    float *sc = fbuf.data(), *mn = sc + ns, *u = mn + ns, *step = u + ns, *bias = step + n_q;
     int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
-    for (int t = 0; t < n2; ++t) {  // the tokens' (scale, min); a padding token weighs nothing
-      const fp16_t* m = reinterpret_cast<const fp16_t*>(meta + size_t(t) * 4);
-      sc[t] = t < n ? fp16_to_fp32(m[0]) : 0.0f;
-      mn[t] = t < n ? fp16_to_fp32(m[1]) : 0.0f;
-    }
-    for (int i = 0; i < n_q; ++i) {
-      const float* w = weights + size_t(i) * stride;
-      float top = 0, b = 0;
-      for (int t = 0; t < n; ++t) top = std::max(top, w[t] * sc[t]), b += w[t] * mn[t];
-      step[i] = top / qmax;
-      bias[i] = b;
-      const float inv = top > 0 ? qmax / top : 0.0f;
-      for (int t = 0; t < n2; ++t) u16[size_t(i) * n2 + t] = int16_t(t < n ? std::lrint(w[t] * sc[t] * inv) : 0);
-    }
+    split_pair_run(reinterpret_cast<const fp16_t*>(meta), n, sc, mn);
+    for (int i = 0; i < n_q; ++i)
+      fold_weights8<int16_t>(weights + size_t(i) * stride, sc, mn, n, n2, qmax, u, step + i, bias + i,
+                             u16 + size_t(i) * n2);
     for (int unit = 0; unit < hd; unit += 16)
       by_query_groups(n_q, [&](auto nq, int i) {
         accumulate_pairs8<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, unit, step + i, bias + i,
@@ -352,7 +343,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
   // accumulate_bytes on AVX2, the same numbers: u8_t = round(w_t scale_t /
   // step), step = max_t w_t scale_t / 127 per (query, block), the rounding
-  // residual's midpoint part in the bias (fold_weight_bytes8). vpmaddubsw
+  // residual's midpoint part in the bias (fold_weights8). vpmaddubsw
   // multiplies two tokens' code bytes (unsigned) by their two weights per
   // 16-bit lane (accumulate_pairs_bytes8); heads that are not a multiple of
   // 64 channels take the scalar loop accumulate_bytes runs for them.
@@ -367,23 +358,23 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     if (ubuf.size() < size_t(n_q) * size_t(n2)) ubuf.resize(size_t(n_q) * size_t(n2));
     float *sc = fbuf.data(), *mn = sc + ns, *u = mn + ns, *step = u + ns, *bias = step + n_q;
     int8_t* u8 = ubuf.data();  // (n_q, n2)
-    if (compact_) {
-      scale8::decode_run(head_run(block, kv_head), shape_.block_size, sc, mn);  // group == head: one pair per token
-    } else {
-      for (int t = 0; t < n; ++t) {
-        const fp16_t* m = reinterpret_cast<const fp16_t*>(head_run(block, kv_head)) + 2 * size_t(t);
-        sc[t] = fp16_to_fp32(m[0]);
-        mn[t] = fp16_to_fp32(m[1]);
-      }
-    }
+    if (compact_) scale8::decode_run(head_run(block, kv_head), shape_.block_size, sc, mn);  // group == head: one pair per token
+    else split_pair_run(reinterpret_cast<const fp16_t*>(head_run(block, kv_head)), n, sc, mn);
     for (int i = 0; i < n_q; ++i)
-      fold_weight_bytes8(weights + size_t(i) * stride, sc, mn, n, n2, u, step + i, bias + i, u8 + size_t(i) * n2);
+      fold_weights8<int8_t>(weights + size_t(i) * stride, sc, mn, n, n2, 127.0f, u, step + i, bias + i,
+                            u8 + size_t(i) * n2);
     if (hd % 64 == 0) {
+      auto run = [&](auto nq, int i) {
+        if constexpr (B == 2)
+          accumulate_pairs_bytes8_2bit<nq.value>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+        else
+          accumulate_pairs_bytes8<nq.value>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+      };
       for (int i = 0, m; i < n_q; i += m) {
         m = std::min(3, n_q - i);
-        if (m == 3) accumulate_pairs_bytes8<3>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
-        else if (m == 2) accumulate_pairs_bytes8<2>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
-        else accumulate_pairs_bytes8<1>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
+        if (m == 3) run(std::integral_constant<int, 3>{}, i);
+        else if (m == 2) run(std::integral_constant<int, 2>{}, i);
+        else run(std::integral_constant<int, 1>{}, i);
       }
       return;
     }
@@ -394,17 +385,22 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         out[size_t(k) * hd + d] += float(acc) * step[k] + bias[k];
       }
   }
-  // fold_weights<NQ, int8_t> on 8 lanes for one query: w (n), the tokens'
+  // fold_weights<NQ, Out> on 8 lanes for one query: w (n), the tokens'
   // scales and mins sc, mn (n); u: scratch of n2 rounded up to 8 floats.
-  static void fold_weight_bytes8(const float* w, const float* sc, const float* mn, int n, int n2, float* u,
-                                 float* step, float* bias, int8_t* u8) {
+  // Out = int8_t (qmax 127) adds the midpoint term; int16_t (16-bit pairs)
+  // takes the bias without it.
+  template <class Out>
+  static void fold_weights8(const float* w, const float* sc, const float* mn, int n, int n2, float qmax, float* u,
+                            float* step, float* bias, Out* folded) {
+    constexpr bool kBytes = sizeof(Out) == 1;
     __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int t = 0; t < n2; t += 8) {
       // Tokens past n weigh nothing (their weights and metadata are not read).
       const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - t), lane);
       const __m256 s = _mm256_maskload_ps(sc + t, live);
-      const __m256 m = _mm256_fmadd_ps(s, _mm256_set1_ps(kMid), _mm256_maskload_ps(mn + t, live));  // the midpoint term
+      __m256 m = _mm256_maskload_ps(mn + t, live);
+      if constexpr (kBytes) m = _mm256_fmadd_ps(s, _mm256_set1_ps(kMid), m);  // the midpoint term
       const __m256 wt = _mm256_maskload_ps(w + t, live);
       const __m256 ut = _mm256_mul_ps(wt, s);
       top = _mm256_max_ps(top, ut);
@@ -412,26 +408,30 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       _mm256_storeu_ps(u + t, ut);
     }
     const float mx = kvserve::simd::hmax8(top);
-    *step = mx * (1.0f / 127.0f);
-    const __m256 inv = _mm256_set1_ps(mx > 127.0f / std::numeric_limits<float>::max() ? 127.0f / mx : 0.0f);
+    *step = mx * (1.0f / qmax);
+    const __m256 inv = _mm256_set1_ps(mx > qmax / std::numeric_limits<float>::max() ? qmax / mx : 0.0f);
     __m256i rounded_sum = _mm256_setzero_si256();
     for (int t = 0; t < n2; t += 8) {
       const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + t), inv));
       const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-      const __m128i w8 = _mm_packs_epi16(w16, w16);
-      if (n2 - t >= 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(u8 + t), w8);
-      else std::memcpy(u8 + t, &w8, size_t(n2 - t));
-      rounded_sum = _mm256_add_epi32(rounded_sum, r);
+      alignas(16) Out vals[16];
+      if constexpr (kBytes) _mm_store_si128(reinterpret_cast<__m128i*>(vals), _mm_packs_epi16(w16, w16));
+      else _mm_store_si128(reinterpret_cast<__m128i*>(vals), w16);
+      std::memcpy(folded + t, vals, sizeof(Out) * size_t(std::min(8, n2 - t)));
+      if constexpr (kBytes) rounded_sum = _mm256_add_epi32(rounded_sum, r);
     }
-    alignas(32) int32_t sums[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), rounded_sum);
-    int32_t total = 0;
-    for (int k = 0; k < 8; ++k) total += sums[k];
-    // As fold_weights: the bias took kMid step sum_t x_t, the codes' midpoint
-    // meets kMid step sum_t round(x_t).
-    *bias = kvserve::simd::hsum8(b) - kMid * *step * float(total);
+    *bias = kvserve::simd::hsum8(b);
+    if constexpr (kBytes) {
+      alignas(32) int32_t sums[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums), rounded_sum);
+      int32_t total = 0;
+      for (int k = 0; k < 8; ++k) total += sums[k];
+      // As fold_weights: the bias took kMid step sum_t x_t, the codes' midpoint
+      // meets kMid step sum_t round(x_t).
+      *bias -= kMid * *step * float(total);
+    }
   }
-  // NQ (1 or 2) queries' 8-bit weights u8 (NQ, n2) against 4-bit codes, 64
+  // NQ (1 to 3) queries' 8-bit weights u8 (NQ, n2) against 4-bit codes, 64
   // channels (a 32-byte row) per unit. unpacklo/hi_epi8 of two tokens' rows
   // pair their bytes; the low nibbles then hold (channel 2p of token t, of
   // t + 1) and the high nibbles channel 2p + 1, and vpmaddubsw against the
@@ -502,6 +502,69 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           }
     }
   }
+  // accumulate_pairs_bytes8 for 2-bit codes: a unit's 64 channels are 16
+  // bytes per token (byte p: channels 4p .. 4p + 3), so two tokens' paired
+  // bytes fill one vector, and shifts by 2k with an AND give channel 4p + k's
+  // pair of codes in 16-bit lane p. Sums of 32 pairs stay in 16 bits (64
+  // products of at most 3 x 127: 24384).
+  template <int NQ>
+  void accumulate_pairs_bytes8_2bit(const uint8_t* codes, const int8_t* u8, int n2, const float* step,
+                                    const float* bias, float* out) const {
+    const int hd = shape_.head_dim;
+    const size_t row = head_code_bytes_;
+    const __m256i low2 = _mm256_set1_epi8(0x03);
+    for (int unit = 0; unit * 64 < hd; ++unit) {
+      alignas(32) int32_t acc[NQ][64] = {};  // channel order
+      const uint8_t* base = codes + size_t(unit) * 16;
+      for (int t0 = 0; t0 < n2; t0 += 64) {
+        __m256i part[NQ][4];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i)
+          #pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) part[i][k] = _mm256_setzero_si256();
+        for (int t = t0; t < std::min(n2, t0 + 64); t += 2) {
+          const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t) * row));
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t + 1) * row));
+          const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));  // lane p: (a_p, b_p)
+          __m256i c[4];
+          #pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) c[k] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), low2);
+          #pragma GCC unroll 4
+          for (int i = 0; i < NQ; ++i) {
+            int16_t pair;
+            std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
+            const __m256i w = _mm256_set1_epi16(pair);
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) part[i][k] = _mm256_add_epi16(part[i][k], _mm256_maddubs_epi16(c[k], w));
+          }
+        }
+        // Word p of part k is channel 4p + k: a 4 x 16 transpose puts the
+        // channels in order (word lanes 0-7 hold p 0..7, lanes 8-15 p 8..15).
+        #pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) {
+          const __m256i a_lo = _mm256_unpacklo_epi16(part[i][0], part[i][1]), a_hi = _mm256_unpackhi_epi16(part[i][0], part[i][1]);
+          const __m256i b_lo = _mm256_unpacklo_epi16(part[i][2], part[i][3]), b_hi = _mm256_unpackhi_epi16(part[i][2], part[i][3]);
+          const __m256i q[4] = {_mm256_unpacklo_epi32(a_lo, b_lo), _mm256_unpackhi_epi32(a_lo, b_lo),
+                                _mm256_unpacklo_epi32(a_hi, b_hi), _mm256_unpackhi_epi32(a_hi, b_hi)};
+          #pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) {  // q[j]: channels 8j .. 8j + 7, then 32 + 8j .. 32 + 8j + 7
+            __m256i* lo = reinterpret_cast<__m256i*>(acc[i] + 8 * j);
+            __m256i* hi = reinterpret_cast<__m256i*>(acc[i] + 32 + 8 * j);
+            *lo = _mm256_add_epi32(*lo, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(q[j])));
+            *hi = _mm256_add_epi32(*hi, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(q[j], 1)));
+          }
+        }
+      }
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i)
+        for (int c = 0; c < 64; c += 8) {
+          float* dst = out + size_t(i) * hd + unit * 64 + c;
+          const __m256 sum = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i] + c)));
+          _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_fmadd_ps(sum, _mm256_set1_ps(step[i]),
+                                                                                     _mm256_set1_ps(bias[i]))));
+        }
+    }
+  }
   // Channels [c0, c0 + 16) of token t as 16-bit words in natural order.
   __m256i words16(const uint8_t* codes, int t, int c0) const {
     const uint8_t* p = codes + size_t(t) * head_code_bytes_ + size_t(c0) * B / 8;
@@ -513,18 +576,22 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   void accumulate_pairs8(const uint8_t* codes, const int32_t* u, int upairs, int n, int c0, const float* step,
                          const float* bias, float* out) const {
     __m256i acc[NQ][2];
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
     for (int t = 0; t < n; t += 2) {
       const __m256i a = words16(codes, t, c0), b = t + 1 < n ? words16(codes, t + 1, c0) : _mm256_setzero_si256();
       // Lane 4L + j of unpacklo holds word 8L + j, of unpackhi word 8L + 4 + j.
       const __m256i p0 = _mm256_unpacklo_epi16(a, b), p1 = _mm256_unpackhi_epi16(a, b);
+      #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) {
         const __m256i ut = _mm256_set1_epi32(u[size_t(i) * upairs + t / 2]);
         acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ut));
         acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ut));
       }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i)
+      #pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {  // channels c0 + 8h .. c0 + 8h + 7
         const __m256i v = _mm256_permute2x128_si256(acc[i][0], acc[i][1], h == 0 ? 0x20 : 0x31);
         float* o = out + size_t(i) * shape_.head_dim + c0 + 8 * h;
