@@ -1,5 +1,8 @@
 #include "util/thread_pool.h"
 
+#include "util/aligned_buffer.h"
+#include "util/memory_bandwidth.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -131,6 +134,19 @@ TEST(ThreadPool, DestructionWhileIdle) {
 }
 
 TEST(ThreadPool, DefaultThreadCountIsPositive) { EXPECT_GE(default_thread_count(), 1); }
+
+// The bandwidth probe's read loop sums every element once, whatever the
+// split between threads and the vector width (integers: exact in float).
+TEST(ThreadPool, BandwidthProbeSumsEveryElement) {
+  for (int threads : {1, 2, 3})
+    for (size_t n : {size_t(0), size_t(1), size_t(31), size_t(64), size_t(4096 + 37), size_t(50000)}) {
+      AlignedBuffer<float> buf(n == 0 ? 1 : n);
+      double want = 0;
+      for (size_t i = 0; i < n; ++i) want += double(buf[i] = float(i % 7));
+      ThreadPool pool(threads);
+      EXPECT_EQ(double(sum_buffer(pool, buf.data(), n)), want) << threads << " threads, " << n;
+    }
+}
 
 }  // namespace
 }  // namespace kvserve

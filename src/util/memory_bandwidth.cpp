@@ -24,6 +24,18 @@ float sum_buffer(ThreadPool& pool, const float* data, size_t n) {
       a3 = _mm512_add_ps(a3, _mm512_load_ps(data + i + 48));
     }
     float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__)
+    // Four independent sums: one scalar chain of dependent adds ran at 5-13
+    // GB/s, a third of what the memory gives (BENCHMARKS.md, "AVX2 machines").
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = begin;
+    for (; i + 32 <= end; i += 32) {
+      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(data + i));
+      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(data + i + 8));
+      a2 = _mm256_add_ps(a2, _mm256_loadu_ps(data + i + 16));
+      a3 = _mm256_add_ps(a3, _mm256_loadu_ps(data + i + 24));
+    }
+    float s = simd::hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
     float s = 0;
     int64_t i = begin;
