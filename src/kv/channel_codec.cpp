@@ -319,6 +319,20 @@ class ChannelCodec final : public KvCodec {
     std::memcpy(tmp, p, size_t(nt) * 4);
     return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
   }
+  // Tokens [t0, t0 + nt) of NQ queries' integer sums: score = scale * (step
+  // * sum + bias).
+  template <int NQ>
+  static void store_scores8(const __m256i* acc, const float* step, const float* bias, float scale, float* scores,
+                            int stride, int t0, int nt) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
+                                                                               _mm256_set1_ps(step[i]),
+                                                                               _mm256_set1_ps(bias[i]))));
+      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
+    }
+  }
   // q16 in pair_channels(p, oct) order.
   template <int NQ>
   static void score_tile8(const uint8_t* head, int bs, int pairs, int t0, int nt, const int32_t* q16,
@@ -356,14 +370,20 @@ class ChannelCodec final : public KvCodec {
         }
       }
     }
-    #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
-                                                                               _mm256_set1_ps(step[i]),
-                                                                               _mm256_set1_ps(bias[i]))));
-      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
+    store_scores8<NQ>(acc, step, bias, scale, scores, stride, t0, nt);
+  }
+  // The folds' first pass on 8 lanes: returns max_c |q_c scale_c|, and b
+  // := the lanes of sum_c q_c min_c.
+  static float fold_first_pass8(const float* q, int hd, const float* sc, const float* mn, __m256& b) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 top = _mm256_setzero_ps();
+    b = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 x = _mm256_loadu_ps(q + d);
+      top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
+      b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
     }
+    return kvserve::simd::hmax8(top);
   }
 #if !defined(__AVX512BW__)
   // fold_queries' 8-bit fold on 8 lanes, the same numbers: folded =
@@ -371,14 +391,8 @@ class ChannelCodec final : public KvCodec {
   // rounding residual's part at the codes' midpoint joins the bias.
   static void fold_query_bytes8(const float* q, int hd, const float* sc, const float* mn, float* step, float* bias,
                                 int8_t* folded) {
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    for (int d = 0; d < hd; d += 8) {
-      const __m256 x = _mm256_loadu_ps(q + d);
-      top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
-      b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
-    }
-    const float mx = kvserve::simd::hmax8(top);
+    __m256 b;
+    const float mx = fold_first_pass8(q, hd, sc, mn, b);
     *step = mx * (1.0f / 127.0f);
     const __m256 inv = _mm256_set1_ps(mx > 127.0f / std::numeric_limits<float>::max() ? 127.0f / mx : 0.0f);
     const __m256 mid = _mm256_set1_ps(*step * 0.5f * float((1 << B) - 1));
@@ -422,14 +436,7 @@ class ChannelCodec final : public KvCodec {
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(part[i], ones));
     }
-    #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]),
-                                                                               _mm256_set1_ps(step[i]),
-                                                                               _mm256_set1_ps(bias[i]))));
-      std::memcpy(scores + size_t(i) * stride + t0, out, sizeof(float) * size_t(nt));
-    }
+    store_scores8<NQ>(acc, step, bias, scale, scores, stride, t0, nt);
   }
 #endif
   // Tokens [begin, end); with span > 0 (keys in RoPE spans) token t meets
@@ -443,7 +450,6 @@ class ChannelCodec final : public KvCodec {
     const FoldScratch f = fold_scratch(hd, n_q);
     float *sc = f.sc, *mn = f.mn, *step = f.step, *bias = f.bias;
     int16_t* q16 = f.q16;
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int tg = begin / group_; tg * group_ < end; ++tg) {
       load_affine(block, tg, kv_head * hd, hd, sc, mn);
       const int g_end = std::min(end, (tg + 1) * group_);
@@ -467,13 +473,8 @@ class ChannelCodec final : public KvCodec {
 #endif
         for (int i = 0; i < n_q; ++i) {  // fold: q16 = round(q_c scale_c / step)
           const float* qi = qs + size_t(i) * hd;
-          __m256 top = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-          for (int d = 0; d < hd; d += 8) {
-            const __m256 x = _mm256_loadu_ps(qi + d);
-            top = _mm256_max_ps(top, _mm256_and_ps(sign, _mm256_mul_ps(x, _mm256_loadu_ps(sc + d))));
-            b = _mm256_fmadd_ps(x, _mm256_loadu_ps(mn + d), b);
-          }
-          const float mx = kvserve::simd::hmax8(top);
+          __m256 b;
+          const float mx = fold_first_pass8(qi, hd, sc, mn, b);
           bias[i] = kvserve::simd::hsum8(b);
           step[i] = mx / qmax;
           const __m256 inv = _mm256_set1_ps(mx > 0 ? qmax / mx : 0.0f);

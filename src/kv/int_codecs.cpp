@@ -431,6 +431,27 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       *bias -= kMid * *step * float(total);
     }
   }
+  // The byte kernels' 16-bit sums: (query, four vectors).
+  template <int NQ>
+  static void zero_parts(__m256i (&part)[NQ][4]) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i)
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) part[i][k] = _mm256_setzero_si256();
+  }
+  // part[i][k] += each 16-bit lane's two codes (x[k]: tokens t and t + 1)
+  // times query i's weights of those tokens, u8 (NQ, n2).
+  template <int NQ>
+  static void add_pair_products(__m256i (&part)[NQ][4], const __m256i* x, const int8_t* u8, int n2, int t) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      int16_t pair;
+      std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
+      const __m256i w = _mm256_set1_epi16(pair);
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) part[i][k] = _mm256_add_epi16(part[i][k], _mm256_maddubs_epi16(x[k], w));
+    }
+  }
   // NQ (1 to 3) queries' 8-bit weights u8 (NQ, n2) against 4-bit codes, 64
   // channels (a 32-byte row) per unit. unpacklo/hi_epi8 of two tokens' rows
   // pair their bytes; the low nibbles then hold (channel 2p of token t, of
@@ -450,24 +471,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const uint8_t* base = codes + size_t(unit) * 32;
       for (int t0 = 0; t0 < n2; t0 += 16) {
         __m256i part[NQ][4];
-        #pragma GCC unroll 4
-        for (int i = 0; i < NQ; ++i)
-          #pragma GCC unroll 4
-          for (int v = 0; v < 4; ++v) part[i][v] = _mm256_setzero_si256();
+        zero_parts<NQ>(part);
         for (int t = t0; t < std::min(n2, t0 + 16); t += 2) {
           const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t) * row));
           const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t + 1) * row));
           const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
           const __m256i x[4] = {_mm256_and_si256(lo, nib), _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib),
                                 _mm256_and_si256(hi, nib), _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib)};
-          #pragma GCC unroll 4
-          for (int i = 0; i < NQ; ++i) {
-            int16_t pair;
-            std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
-            const __m256i w = _mm256_set1_epi16(pair);
-            #pragma GCC unroll 4
-            for (int v = 0; v < 4; ++v) part[i][v] = _mm256_add_epi16(part[i][v], _mm256_maddubs_epi16(x[v], w));
-          }
+          add_pair_products<NQ>(part, x, u8, n2, t);
         }
         #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i)
@@ -518,10 +529,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const uint8_t* base = codes + size_t(unit) * 16;
       for (int t0 = 0; t0 < n2; t0 += 64) {
         __m256i part[NQ][4];
-        #pragma GCC unroll 4
-        for (int i = 0; i < NQ; ++i)
-          #pragma GCC unroll 4
-          for (int k = 0; k < 4; ++k) part[i][k] = _mm256_setzero_si256();
+        zero_parts<NQ>(part);
         for (int t = t0; t < std::min(n2, t0 + 64); t += 2) {
           const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t) * row));
           const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t + 1) * row));
@@ -529,14 +537,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           __m256i c[4];
           #pragma GCC unroll 4
           for (int k = 0; k < 4; ++k) c[k] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), low2);
-          #pragma GCC unroll 4
-          for (int i = 0; i < NQ; ++i) {
-            int16_t pair;
-            std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
-            const __m256i w = _mm256_set1_epi16(pair);
-            #pragma GCC unroll 4
-            for (int k = 0; k < 4; ++k) part[i][k] = _mm256_add_epi16(part[i][k], _mm256_maddubs_epi16(c[k], w));
-          }
+          add_pair_products<NQ>(part, c, u8, n2, t);
         }
         // Word p of part k is channel 4p + k: a 4 x 16 transpose puts the
         // channels in order (word lanes 0-7 hold p 0..7, lanes 8-15 p 8..15).
