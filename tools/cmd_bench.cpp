@@ -18,6 +18,7 @@
 #include "tools/cmd_bench_attention.h"
 #include "util/error.h"
 #include "util/memory_bandwidth.h"
+#include "util/simd.h"
 #include "util/timer.h"
 
 namespace kvserve::cli {
@@ -275,6 +276,7 @@ void run(const BenchArgs& a) {
   j["decode_context"] = mean_ctx;
   j["gen_tokens"] = a.gen_tokens;
   j["threads"] = pool.num_threads();
+  j["kernels"] = simd::kernel_tier();
   j["kv_dtype"] = kv_description(*subject.cache);
   j["weight_type"] = std::string(weight_type_name(w.layers.at(0).wq.type));
   j.update(sparsity_json(resolve_sparsity_options(sparsity, *subject.cache), policy.stats()));
@@ -303,9 +305,10 @@ void run(const BenchArgs& a) {
     return;
   }
   std::printf("prefill %.1f tok/s | decode %.2f tok/s | %.1f MB read per decode token | bandwidth %.1f GB/s, "
-              "decode reaches %.0f%% | KV %lld bytes/token (%s)\n",
+              "decode reaches %.0f%% | KV %lld bytes/token (%s) | %s kernels\n",
               a.prompt_tokens / prefill_s, decode_tok_s, (weight_bytes + kv_bytes) / 1e6, bandwidth,
-              fraction * 100, (long long)kv.bytes_per_token, kv_description(*subject.cache).c_str());
+              fraction * 100, (long long)kv.bytes_per_token, kv_description(*subject.cache).c_str(),
+              simd::kernel_tier());
   if (baseline)
     std::printf("steps alternating with --compare-preset %s (%s, %.2f tok/s): median step %.2f ms there, %.2f ms "
                 "here: %.2fx faster (%.2fx if both steps read their bytes at the same bandwidth)\n",

@@ -13,6 +13,21 @@
 
 namespace kvserve::simd {
 
+// The kernel tier this build compiled (the build follows -march): which of
+// the AVX-512 (with or without VNNI's integer dot products), AVX2 or
+// portable loops run. `bench --json` reports it as "kernels".
+constexpr const char* kernel_tier() {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  return "avx512-vnni";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 #if defined(__AVX2__)
 // The sum and the largest of a vector's 8 lanes (AVX2 kernels' reductions).
 inline float hsum8(__m256 v) {

@@ -70,7 +70,7 @@ add_test(NAME cli.perplexity_json COMMAND ${CMAKE_COMMAND}
   "-DFIELDS=ppl;tokens;chunks;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 add_test(NAME cli.bench_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--prompt-tokens;64;--gen-tokens;16;--bandwidth-mib;64;--json"
-  "-DFIELDS=prefill_tok_s;decode_tok_s;decode_step_ms_median;kv_bytes_per_token;mem_bandwidth_gbs;bandwidth_fraction" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+  "-DFIELDS=prefill_tok_s;decode_tok_s;decode_step_ms_median;kv_bytes_per_token;mem_bandwidth_gbs;bandwidth_fraction;kernels" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 # --compare-preset: a second preset decoded in the same run, steps alternating.
 add_test(NAME cli.bench_compare_preset_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;bench;--model;${MODELS}/stories260K.gguf;--kv-preset;int4-small;--compare-preset;fp16;--prompt-tokens;64;--gen-tokens;8;--bandwidth-mib;64;--json"
