@@ -399,7 +399,7 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
 // the sum of the residuals.
 TEST(KvCodec, EightBitWeightResidualAveragesOut) {
   const KvBlockShape shape{32, 1, 64};
-  int checked = 0;  // AVX2 builds have the 4-bit kernel only
+  int checked = 0;  // builds without the 8-bit kernels skip
   for (const auto& [type, levels] : {std::pair{KvDType::INT4, 16}, std::pair{KvDType::INT2, 4}}) {
     const KvCodecConfig config{type, KvGrouping::Token, 64, {}, {}};
     if (token_weight_steps(config, shape) != 127) continue;
@@ -428,6 +428,96 @@ TEST(KvCodec, EightBitWeightResidualAveragesOut) {
     }
   }
   if (checked == 0) GTEST_SKIP() << "no 8-bit weight kernel in this build";
+}
+
+// 2-bit heads that are not whole bytes (6, 10, 14 channels: rows stored
+// token by token, not head by head) in blocks the 8-bit weight kernels
+// would take: they must not read these blocks as per-head runs (they did,
+// giving errors of hundreds of times the weights' sum, or inf).
+TEST(KvCodec, ValuesOfPartByteHeadsMatchReference) {
+  for (int hd : {6, 10, 14})
+    for (KvDType t : {KvDType::INT2, KvDType::INT4}) {  // (8-bit scales refuse these layouts)
+      const KvCodecConfig c{t, KvGrouping::Token, 0, {}, {}};
+      const KvBlockShape shape{32, 2, hd};
+      auto codec = make_kv_codec(c, shape);
+      const int bs = shape.block_size, n_q = 3;
+      const std::vector<float> x = sample_rows(bs, shape.kv_dim(), 13);
+      std::vector<uint8_t> block(codec->block_bytes());
+      codec->encode_block(block.data(), x.data(), bs);
+      std::vector<float> w(size_t(n_q) * bs);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = std::fabs(std::sin(float(i) * 0.9f));
+      for (int h = 0; h < shape.n_kv_heads; ++h) {
+        std::vector<float> o1(size_t(n_q) * hd, 0.0f), o2(o1);
+        codec->accumulate(w.data(), n_q, bs, block.data(), bs, h, o1.data());
+        accumulate_reference(*codec, w.data(), n_q, bs, block.data(), bs, h, o2.data());
+        for (int i = 0; i < n_q; ++i) {
+          const float* wi = w.data() + size_t(i) * bs;
+          const double allowance =
+              folded_weight_error(*codec, wi, block.data(), bs, h) + reordering_error(*codec, wi, block.data(), bs, h);
+          for (int d = 0; d < hd; ++d) {
+            const float ref = o2[size_t(i * hd + d)];
+            ASSERT_NEAR(o1[size_t(i * hd + d)], ref, 1e-4 * (1 + std::fabs(ref)) + allowance)
+                << c.describe() << " head dim " << hd << " head " << h << " query " << i;
+          }
+        }
+      }
+    }
+}
+
+// The 8-bit kernels keep partial sums in 16 bits for a few octets or token
+// pairs before widening them. Every code at its largest against every query
+// or weight byte at 127 is the most those sums can hold: keys with all codes
+// 15 against a query whose folded bytes are all 127, and 4- and 2-bit values
+// with all codes 15 (3) against weights that all fold to 127, over 64 and 128
+// tokens. Everything here is exact, so any wrapped sum shows.
+TEST(KvCodec, EightBitKernelsHoldTheirSumsAtFullScale) {
+  int ran = 0;
+  for (int bits : {16, 8}) {
+    // Keys: each channel spans 0..15 over the block (scale 1, min 0), then
+    // every code is set to 15; q_c = 1 folds to 127 in every channel.
+    KvCodecConfig kc{KvDType::INT4, KvGrouping::Channel, 0, {}, {}};
+    kc.scale_bits = bits;
+    const KvBlockShape ks{64, 1, 64};
+    if (channel_query_steps(kc, ks) == 127) {
+      auto codec = make_kv_codec(kc, ks);
+      std::vector<float> x(size_t(ks.block_size) * ks.head_dim);
+      for (int t = 0; t < ks.block_size; ++t)
+        for (int c = 0; c < ks.head_dim; ++c) x[size_t(t) * ks.head_dim + c] = float(t % 16);
+      std::vector<uint8_t> block(codec->block_bytes());
+      codec->encode_block(block.data(), x.data(), ks.block_size);
+      std::fill(block.begin(), block.begin() + ks.block_size * ks.head_dim / 2, uint8_t(0xFF));  // codes first
+      const std::vector<float> q(size_t(ks.head_dim), 1.0f);
+      std::vector<float> got(size_t(ks.block_size)), ref(got.size());
+      codec->score(q.data(), 1, block.data(), ks.block_size, 0, 1.0f, got.data(), ks.block_size);
+      score_reference(*codec, q.data(), 1, block.data(), ks.block_size, 0, 1.0f, ref.data(), ks.block_size);
+      for (int t = 0; t < ks.block_size; ++t) ASSERT_NEAR(got[size_t(t)], ref[size_t(t)], 1e-3) << kc.describe() << " token " << t;
+      ++ran;
+    }
+    // Values: each token spans 0..15 (or 0..3) over its channels, then
+    // every code is set to the largest; weights of 1 fold to 127.
+    for (const auto& [type, levels, bs] : {std::tuple{KvDType::INT4, 16, 64}, std::tuple{KvDType::INT2, 4, 128}}) {
+      KvCodecConfig vc{type, KvGrouping::Token, 64, {}, {}};
+      vc.scale_bits = bits;
+      const KvBlockShape vs{bs, 1, 64};
+      if (token_weight_steps(vc, vs) != 127) continue;
+      auto codec = make_kv_codec(vc, vs);
+      std::vector<float> x(size_t(bs) * vs.head_dim);
+      for (int t = 0; t < bs; ++t)
+        for (int d = 0; d < vs.head_dim; ++d) x[size_t(t) * vs.head_dim + d] = float(d % levels);
+      std::vector<uint8_t> block(codec->block_bytes());
+      codec->encode_block(block.data(), x.data(), bs);
+      const int code_bytes = bs * vs.head_dim * (type == KvDType::INT4 ? 4 : 2) / 8;
+      std::fill(block.begin(), block.begin() + code_bytes, uint8_t(0xFF));
+      const std::vector<float> w(size_t(bs), 1.0f);
+      std::vector<float> got(size_t(vs.head_dim), 0.0f), ref(got);
+      codec->accumulate(w.data(), 1, bs, block.data(), bs, 0, got.data());
+      accumulate_reference(*codec, w.data(), 1, bs, block.data(), bs, 0, ref.data());
+      for (int d = 0; d < vs.head_dim; ++d)
+        ASSERT_NEAR(got[size_t(d)], ref[size_t(d)], 1e-3 * std::fabs(ref[size_t(d)])) << vc.describe() << " channel " << d;
+      ++ran;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no 8-bit kernels in this build";
 }
 
 TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
@@ -561,6 +651,13 @@ TEST(KvCodec, SpanScoresMatchReferenceAndLeaveTheRestAlone) {
           c.scale_bits = bits;
           cases.push_back({c, s});
         }
+  for (int bits : {16, 8}) {  // spans of 32 tokens: the 8-bit query kernel, folded once per span
+    KvCodecConfig c{KvDType::INT4, KvGrouping::Channel, 0, {}, {}};
+    c.pre_rope = true;
+    c.rope_span = 32;
+    c.scale_bits = bits;
+    cases.push_back({c, KvBlockShape{64, 2, 64}});
+  }
   KvCodecConfig f16{KvDType::F16}, tokens{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
   f16.pre_rope = tokens.pre_rope = true;
   f16.rope_span = 16;

@@ -26,16 +26,15 @@ std::atomic<bool> g_byte_value_weights{true};
 // AVX2 builds (accumulate_bytes8) take the same numbers, with vpmaddubsw
 // over token pairs.
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
-#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#if (defined(__AVX512VBMI__) && defined(__AVX512VNNI__)) || \
+    (!defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__))
+  // A head's codes must fill whole bytes: otherwise the block is stored
+  // token by token (head_major_), not in the per-head runs these kernels read.
+  const int bits = c.dtype == KvDType::INT4 ? 4 : 2;
   return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
          c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
-         (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
-         s.block_size % 4 == 0;
-#elif !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
-  return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
-         c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
-         (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 && s.block_size >= 32 &&
-         s.block_size % 4 == 0;
+         s.head_dim * bits % 8 == 0 && (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 &&
+         s.block_size >= 32 && s.block_size % 4 == 0;
 #else
   (void)c, (void)s;
   return false;
