@@ -44,7 +44,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   const int rope_span = pre_rope ? cache.k_rope_span(layer) : 1;
   const bool spans_aligned = rope_span > 1 && table.slot_positions.empty();
   const size_t set = size_t(group) * size_t(head_dim);
-  SpanQueries span_queries(cache.rope_table(), q, group, head_dim,
+  SpanQueries span_queries(cache.rope_table_if_any(), q, group, head_dim,
                            pre_rope ? scratch.rotated.data() + size_t(bs) * set : nullptr);
   auto score_spans = [&](const KvBlockView& k, int32_t b, int n, float* block_scores) {
     float* sets = scratch.rotated.data();  // (spans, group, head_dim): spans <= bs

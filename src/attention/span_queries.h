@@ -22,7 +22,8 @@ class SpanQueries {
   static constexpr int32_t kCoarse = 1024;
   // q: (n_q, head_dim) queries; coarse: (n_q, head_dim) scratch for them
   // rotated back to a multiple of kCoarse.
-  SpanQueries(const RopeTable& rope, const float* q, int n_q, int head_dim, float* coarse)
+  // rope: null where no layer keeps keys before RoPE (then rotate is never called).
+  SpanQueries(const RopeTable* rope, const float* q, int n_q, int head_dim, float* coarse)
       : rope_(rope), q_(q), n_q_(n_q), head_dim_(head_dim), coarse_(coarse) {}
 
   // Queries [r0, r0 + nr) for the n tokens of the block at `first`, in spans
@@ -30,16 +31,16 @@ class SpanQueries {
   void rotate(int32_t first, int n, int span, int r0, int nr, float* out) {
     const int32_t coarse = first / kCoarse * kCoarse;
     if (coarse != coarse_pos_) {
-      rope_.rotate_back(q_, n_q_, coarse, coarse_);
+      rope_->rotate_back(q_, n_q_, coarse, coarse_);
       coarse_pos_ = coarse;
     }
     const size_t set = size_t(nr) * size_t(head_dim_);
     for (int s0 = 0; s0 < n; s0 += span)
-      rope_.rotate_back(coarse_ + size_t(r0) * head_dim_, nr, first - coarse + s0, out + size_t(s0 / span) * set);
+      rope_->rotate_back(coarse_ + size_t(r0) * head_dim_, nr, first - coarse + s0, out + size_t(s0 / span) * set);
   }
 
  private:
-  const RopeTable& rope_;
+  const RopeTable* rope_;
   const float* q_;
   int n_q_, head_dim_;
   float* coarse_;

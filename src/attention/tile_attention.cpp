@@ -377,7 +377,7 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
     if (scratch.rotated.size() < need) scratch.rotated.resize(need);
     span_q = scratch.rotated.data() + size_t(rows) * head_dim;
   }
-  SpanQueries span_queries(cache.rope_table(), tq, rows, head_dim, scratch.rotated.data());
+  SpanQueries span_queries(cache.rope_table_if_any(), tq, rows, head_dim, scratch.rotated.data());
   auto score_run = [&](const KvBlockView& k, int32_t j, int a, int b, int n, float* block_scores) {
     const int nr = (b - a) * group;
     float* dst = block_scores + size_t(a) * group * bs;

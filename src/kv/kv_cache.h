@@ -142,7 +142,8 @@ class KvCache {
   // Pre-RoPE keys' span (KvCodecConfig::rope_span): the key of the token at
   // position p is stored rotated by p mod span. 1 = exactly before RoPE.
   int k_rope_span(int layer) const { return layers_[size_t(layer)].k->config().rope_span; }
-  const RopeTable& rope_table() const { return *rope_table_; }
+  const RopeTable& rope_table() const { return *rope_table_; }  // REQUIRES: some layer keeps keys before RoPE
+  const RopeTable* rope_table_if_any() const { return rope_table_.get(); }
   float rope_theta() const { return rope_theta_; }
   const KvCodec& k_codec(int layer) const { return *layers_[size_t(layer)].k; }
   const KvCodec& v_codec(int layer) const { return *layers_[size_t(layer)].v; }
