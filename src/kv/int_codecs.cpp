@@ -204,9 +204,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const float* xg = x + g * group_;
       const auto [lo, hi] = std::minmax_element(xg, xg + group_);
       const Affine a = fit_affine<B>(*lo, *hi);
-      fp16_t* meta = pair(block, slot, g);
-      meta[0] = a.scale16;
-      meta[1] = a.min16;
+      const fp16_t sm[2] = {a.scale16, a.min16};
+      std::memcpy(pair(block, slot, g), sm, sizeof sm);  // token rows of odd length leave pairs unaligned
       const float inv = inverse(a.scale);
       for (int d = 0; d < group_; ++d) {
         const int e = g * group_ + d;
@@ -233,9 +232,10 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
           scale8::decode_one(head_run(block, kv_head), shape_.block_size * head_groups_, slot * head_groups_ + g,
                              &scale, &min);
         } else {
-          const fp16_t* meta = pair(block, slot, first / group_ + g);
-          scale = fp16_to_fp32(meta[0]);
-          min = fp16_to_fp32(meta[1]);
+          fp16_t sm[2];
+          std::memcpy(sm, pair(block, slot, first / group_ + g), sizeof sm);
+          scale = fp16_to_fp32(sm[0]);
+          min = fp16_to_fp32(sm[1]);
         }
         int d = g * group_;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -265,8 +265,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     }
     for (int d = 0; d < hd; ++d) {
       const int e = first + d;
-      const fp16_t* meta = pair(block, slot, e / group_);
-      out[d] = fp16_to_fp32(meta[1]) + fp16_to_fp32(meta[0]) * float(get_code<B>(row, index(e)));
+      fp16_t sm[2];
+      std::memcpy(sm, pair(block, slot, e / group_), sizeof sm);
+      out[d] = fp16_to_fp32(sm[1]) + fp16_to_fp32(sm[0]) * float(get_code<B>(row, index(e)));
     }
   }
 
