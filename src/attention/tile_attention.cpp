@@ -61,16 +61,8 @@ inline void exp_into(float* lanes, float* x, int n, int m, float shift) {
     _mm256_storeu_ps(x + i, e);
     sum = _mm256_add_ps(sum, e);
   }
-  if (i < n) {  // the tail through a padded copy: the same exponential
-    alignas(32) float t[8];
-    for (int k = 0; k < 8; ++k) t[k] = i + k < n ? x[i + k] - shift : -INFINITY;
-    const __m256 e = simd::exp_nonpositive(_mm256_load_ps(t));
-    _mm256_store_ps(t, e);
-    sum = _mm256_add_ps(sum, e);
-    std::copy(t, t + (n - i), x + i);
-    i = n;
-  }
-  std::fill(x + i, x + m, 0.0f);
+  if (i < n) sum = _mm256_add_ps(sum, simd::exp_tail(x + i, n - i, shift));
+  std::fill(x + n, x + m, 0.0f);
   _mm256_storeu_ps(lanes, sum);
 }
 inline float lanes_max(const float* lanes) { return simd::hmax8(_mm256_loadu_ps(lanes)); }

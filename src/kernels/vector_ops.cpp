@@ -97,15 +97,7 @@ float exp_shifted(float* x, int64_t n, float* max_out) {
     _mm256_storeu_ps(x + i, e);
     vsum = _mm256_add_ps(vsum, e);
   }
-  if (i < n) {  // the tail through a padded copy: the same exponential as the lanes
-    alignas(32) float tail[8];
-    const int64_t rest = n - i;
-    for (int k = 0; k < 8; ++k) tail[k] = k < rest ? x[i + k] - max_val : -INFINITY;
-    const __m256 e = simd::exp_nonpositive(_mm256_load_ps(tail));
-    _mm256_store_ps(tail, e);
-    vsum = _mm256_add_ps(vsum, e);
-    std::copy(tail, tail + rest, x + i);
-  }
+  if (i < n) vsum = _mm256_add_ps(vsum, simd::exp_tail(x + i, int(n - i), max_val));
   return simd::hsum8(vsum);
 #else
   for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);

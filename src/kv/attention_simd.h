@@ -10,17 +10,22 @@ namespace kvserve::simd {
 
 // Runs f(std::integral_constant<int, m>{}, i) over passes [i, i + m) of the
 // n_q queries. Passes of 3 or 4 (6 = 3 + 3, not 4 + 2) keep a kernel's
-// per-query accumulators in registers; kernels are templated on m.
-template <class F>
+// per-query accumulators in registers; kernels are templated on m. kMax = 3:
+// passes of at most 3 (AVX2 kernels, whose 16 registers hold three
+// queries' sums).
+template <int kMax = 4, class F>
 void by_query_passes(int n_q, F&& f) {
+  static_assert(kMax == 3 || kMax == 4);
   for (int i = 0; i < n_q;) {
     const int left = n_q - i;
-    const int m = left <= 4 ? left : (left == 6 ? 3 : 4);
+    const int m = kMax == 3 ? (left < 3 ? left : 3) : left <= 4 ? left : (left == 6 ? 3 : 4);
     switch (m) {
       case 1: f(std::integral_constant<int, 1>{}, i); break;
       case 2: f(std::integral_constant<int, 2>{}, i); break;
       case 3: f(std::integral_constant<int, 3>{}, i); break;
-      default: f(std::integral_constant<int, 4>{}, i); break;
+      default:
+        if constexpr (kMax == 4) f(std::integral_constant<int, 4>{}, i);
+        break;
     }
     i += m;
   }

@@ -245,14 +245,9 @@ class FloatCodec final : public KvCodec {
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (hd % 8 == 0) {  // AVX2: each key converted once for up to 3 queries, 4 keys reduced together
       const T* k = at(block, kv_head, 0);
-      for (int i = 0, m; i < n_q; i += m) {
-        m = std::min(3, n_q - i);
-        const float* qi = q + size_t(i) * hd;
-        float* si = scores + size_t(i) * stride;
-        if (m == 3) score_quads8<3>(qi, k, n, scale, si, stride);
-        else if (m == 2) score_quads8<2>(qi, k, n, scale, si, stride);
-        else score_quads8<1>(qi, k, n, scale, si, stride);
-      }
+      simd::by_query_passes<3>(n_q, [&](auto m, int i) {
+        score_quads8<m>(q + size_t(i) * hd, k, n, scale, scores + size_t(i) * stride, stride);
+      });
       return;
     }
 #endif
@@ -291,14 +286,9 @@ class FloatCodec final : public KvCodec {
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (hd % 32 == 0) {  // AVX2: up to 3 queries' sums of 32 channels stay in registers across the tokens
       const T* v = at(block, kv_head, 0);
-      for (int i = 0, m; i < n_q; i += m) {
-        m = std::min(3, n_q - i);
-        const float* wi = weights + size_t(i) * stride;
-        float* oi = out + size_t(i) * hd;
-        if (m == 3) accumulate_dims8<3>(wi, stride, v, n, oi);
-        else if (m == 2) accumulate_dims8<2>(wi, stride, v, n, oi);
-        else accumulate_dims8<1>(wi, stride, v, n, oi);
-      }
+      simd::by_query_passes<3>(n_q, [&](auto m, int i) {
+        accumulate_dims8<m>(weights + size_t(i) * stride, stride, v, n, out + size_t(i) * hd);
+      });
       return;
     }
 #endif

@@ -305,8 +305,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     if (!pairs_ready_ || n <= 0) return false;
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs
     const uint8_t* codes = head_codes(block, kv_head);
-    const uint8_t* meta = head_pairs(block, kv_head);
 #if defined(__AVX512BW__)
+    const uint8_t* meta = head_pairs(block, kv_head);
     simd::prefetch_rows(codes, head_bytes_, 1, head_bytes_);
     const float qmax = folded_qmax<B>(n2);
     const int ns = (n2 + 15) / 16 * 16;  // floats of u per query
@@ -319,22 +319,15 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
                                  out + size_t(i) * hd);
     });
 #else
-    const float qmax = folded_qmax<B>(n2);
-    const int ns = (n2 + 7) / 8 * 8;
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int32_t> ubuf;
-    if (fbuf.size() < size_t(3 * ns + 2 * n_q)) fbuf.resize(size_t(3 * ns + 2 * n_q));
-    if (ubuf.size() < size_t(n_q) * n2 / 2) ubuf.resize(size_t(n_q) * n2 / 2);
-    float *sc = fbuf.data(), *mn = sc + ns, *u = mn + ns, *step = u + ns, *bias = step + n_q;
-    int16_t* u16 = reinterpret_cast<int16_t*>(ubuf.data());  // (n_q, n2)
-    split_pair_run(reinterpret_cast<const fp16_t*>(meta), n, sc, mn);
+    const FoldScratch8 f = fold_scratch8(block, kv_head, n, n_q, size_t(n_q) * n2 * sizeof(int16_t));
+    int16_t* u16 = reinterpret_cast<int16_t*>(f.folded);  // (n_q, n2)
     for (int i = 0; i < n_q; ++i)
-      fold_weights8<int16_t>(weights + size_t(i) * stride, sc, mn, n, n2, qmax, u, step + i, bias + i,
-                             u16 + size_t(i) * n2);
+      fold_weights8<int16_t>(weights + size_t(i) * stride, f.sc, f.mn, n, n2, folded_qmax<B>(n2), f.u, f.step + i,
+                             f.bias + i, u16 + size_t(i) * n2);
     for (int unit = 0; unit < hd; unit += 16)
       by_query_groups(n_q, [&](auto nq, int i) {
-        accumulate_pairs8<nq.value>(codes, ubuf.data() + size_t(i) * n2 / 2, n2 / 2, n, unit, step + i, bias + i,
-                                    out + size_t(i) * hd);
+        accumulate_pairs8<nq.value>(codes, reinterpret_cast<const int32_t*>(u16 + size_t(i) * n2), n2 / 2, n, unit,
+                                    f.step + i, f.bias + i, out + size_t(i) * hd);
       });
 #endif
     return true;
@@ -350,32 +343,20 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   void accumulate_bytes8(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                          float* out) const {
     const int hd = shape_.head_dim, n2 = (n + 1) / 2 * 2;  // tokens, padded to whole pairs (block_size % 4 == 0)
-    const int ns = (std::max(n2, shape_.block_size) + 7) / 8 * 8;  // decode_run fills the whole block's pairs
     const uint8_t* codes = head_codes(block, kv_head);
-    thread_local std::vector<float> fbuf;
-    thread_local std::vector<int8_t> ubuf;
-    if (fbuf.size() < size_t(3 * ns + 2 * n_q)) fbuf.resize(size_t(3 * ns + 2 * n_q));
-    if (ubuf.size() < size_t(n_q) * size_t(n2)) ubuf.resize(size_t(n_q) * size_t(n2));
-    float *sc = fbuf.data(), *mn = sc + ns, *u = mn + ns, *step = u + ns, *bias = step + n_q;
-    int8_t* u8 = ubuf.data();  // (n_q, n2)
-    if (compact_) scale8::decode_run(head_run(block, kv_head), shape_.block_size, sc, mn);  // group == head: one pair per token
-    else split_pair_run(reinterpret_cast<const fp16_t*>(head_run(block, kv_head)), n, sc, mn);
+    const FoldScratch8 f = fold_scratch8(block, kv_head, n, n_q, size_t(n_q) * n2);
+    const float *step = f.step, *bias = f.bias;
+    int8_t* u8 = reinterpret_cast<int8_t*>(f.folded);  // (n_q, n2)
     for (int i = 0; i < n_q; ++i)
-      fold_weights8<int8_t>(weights + size_t(i) * stride, sc, mn, n, n2, 127.0f, u, step + i, bias + i,
+      fold_weights8<int8_t>(weights + size_t(i) * stride, f.sc, f.mn, n, n2, 127.0f, f.u, f.step + i, f.bias + i,
                             u8 + size_t(i) * n2);
     if (hd % 64 == 0) {
-      auto run = [&](auto nq, int i) {
+      simd::by_query_passes<3>(n_q, [&](auto nq, int i) {
         if constexpr (B == 2)
           accumulate_pairs_bytes8_2bit<nq.value>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
         else
           accumulate_pairs_bytes8<nq.value>(codes, u8 + size_t(i) * n2, n2, step + i, bias + i, out + size_t(i) * hd);
-      };
-      for (int i = 0, m; i < n_q; i += m) {
-        m = std::min(3, n_q - i);
-        if (m == 3) run(std::integral_constant<int, 3>{}, i);
-        else if (m == 2) run(std::integral_constant<int, 2>{}, i);
-        else run(std::integral_constant<int, 1>{}, i);
-      }
+      });
       return;
     }
     for (int k = 0; k < n_q; ++k)
@@ -384,6 +365,26 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
         for (int t = 0; t < n; ++t) acc += int32_t(u8[size_t(k) * n2 + t]) * get_code<B>(codes + size_t(t) * head_code_bytes_, d);
         out[size_t(k) * hd + d] += float(acc) * step[k] + bias[k];
       }
+  }
+  // Per-thread scratch of the AVX2 value folds, with the head's tokens'
+  // (scale, min) as floats (whole heads are one group): sc, mn and u
+  // (block_size rounded up to 8 each; 8-bit runs decode the whole block),
+  // step and bias (n_q each), and `folded_bytes` of folded weights.
+  struct FoldScratch8 {
+    float *sc, *mn, *u, *step, *bias;
+    void* folded;
+  };
+  FoldScratch8 fold_scratch8(const uint8_t* block, int kv_head, int n, int n_q, size_t folded_bytes) const {
+    const size_t ns = size_t(shape_.block_size + 7) / 8 * 8;
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> words;
+    if (fbuf.size() < 3 * ns + 2 * size_t(n_q)) fbuf.resize(3 * ns + 2 * size_t(n_q));
+    if (words.size() * sizeof(int32_t) < folded_bytes) words.resize((folded_bytes + 3) / 4);
+    float* sc = fbuf.data();
+    const FoldScratch8 f{sc, sc + ns, sc + 2 * ns, sc + 3 * ns, sc + 3 * ns + n_q, words.data()};
+    if (compact_) scale8::decode_run(head_run(block, kv_head), shape_.block_size, f.sc, f.mn);
+    else split_pair_run(reinterpret_cast<const fp16_t*>(head_run(block, kv_head)), n, f.sc, f.mn);
+    return f;
   }
   // fold_weights<NQ, Out> on 8 lanes for one query: w (n), the tokens'
   // scales and mins sc, mn (n); u: scratch of n2 rounded up to 8 floats.

@@ -11,6 +11,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cmath>
+
 namespace kvserve::simd {
 
 // The kernel tier this build compiled (the build follows -march): which of
@@ -88,6 +90,17 @@ inline __m256 exp_nonpositive(__m256 x) {
   const __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);  // n <= 0: half = floor(n / 2)
   auto pow2 = [](__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); };
   return _mm256_mul_ps(_mm256_mul_ps(p, pow2(half)), pow2(_mm256_sub_epi32(ni, half)));
+}
+// x[0, n) := exp(x - shift) for a tail of n < 8 values (shift >= each),
+// through a padded copy so the tail gets the lanes' exponential; returns
+// the 8 lanes (0 past n) for the caller's sum.
+inline __m256 exp_tail(float* x, int n, float shift) {
+  alignas(32) float t[8];
+  for (int k = 0; k < 8; ++k) t[k] = k < n ? x[k] - shift : -INFINITY;
+  const __m256 e = exp_nonpositive(_mm256_load_ps(t));
+  _mm256_store_ps(t, e);
+  for (int k = 0; k < n; ++k) x[k] = t[k];
+  return e;
 }
 #endif
 
