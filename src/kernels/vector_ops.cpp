@@ -68,15 +68,31 @@ float exp_shifted(float* x, int64_t n, float* max_out) {
   }
   float max_val = x[0];
 #if defined(__AVX512F__)
-  __m512 vmax = _mm512_set1_ps(x[0]);
-  for (int64_t i = 0; i < n; i += 16) {
-    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, tail_mask(n - i), x + i));
-  }
-  max_val = _mm512_reduce_max_ps(vmax);
+  // Four running maxima, so that the first pass is not one chain of
+  // dependent operations (the largest is the same in any order), and
+  // unmasked loads and stores but for the tail: attention's softmax rows took
+  // 4-5% less of int4-small's layer so (BENCHMARKS.md, sixteenth session).
+  // The sum stays one chain in lane order: prefill tiles (tile_attention.cpp)
+  // add the same exponentials in the same order, and a prefix-cache hit must
+  // give exactly the logits of a run without one.
+  constexpr int64_t kChains = 4, kStride = 16 * kChains;
+  __m512 vmax[kChains];
+  for (int k = 0; k < kChains; ++k) vmax[k] = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + kStride <= n; i += kStride)
+    #pragma GCC unroll 4
+    for (int k = 0; k < kChains; ++k) vmax[k] = _mm512_max_ps(vmax[k], _mm512_loadu_ps(x + i + 16 * k));
+  for (; i < n; i += 16) vmax[0] = _mm512_max_ps(vmax[0], _mm512_mask_loadu_ps(vmax[0], tail_mask(n - i), x + i));
+  max_val = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3])));
   if (max_out != nullptr) *max_out = max_val;
   const __m512 shift = _mm512_set1_ps(max_val);
   __m512 vsum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + i), shift));
+    _mm512_storeu_ps(x + i, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (i < n) {
     const __mmask16 m = tail_mask(n - i);
     const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift));
     _mm512_mask_storeu_ps(x + i, m, e);

@@ -717,13 +717,17 @@ class ChannelCodec final : public KvCodec {
   // already four codes per lane in channel order.
   // Octet o of tokens [t0, t0 + 16 T) (bits of m; the others are zero) as T
   // vectors of channels 8o .. 8o + 3 (lo) and T of 8o + 4 .. 8o + 7 (hi).
+  // full: every bit of m is set. Whole 64-token tiles then load without a
+  // mask: the masked loads made int4-small's layer 1.5-5% slower on the
+  // AVX-512 host (BENCHMARKS.md, sixteenth session).
   template <int T>
-  static void load_octet(const uint8_t* head, int bs, int o, int t0, __mmask64 m, __m512i* lo, __m512i* hi) {
+  static void load_octet(const uint8_t* head, int bs, int o, int t0, __mmask64 m, bool full, __m512i* lo,
+                         __m512i* hi) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     #pragma GCC unroll 4
     for (int v = 0; v < T; ++v) {
-      const __m512i x = _mm512_maskz_loadu_epi32(__mmask16(m >> (16 * v)),
-                                                 head + (size_t(o) * bs + size_t(t0 + 16 * v)) * 4);
+      const uint8_t* p = head + (size_t(o) * bs + size_t(t0 + 16 * v)) * 4;
+      const __m512i x = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(__mmask16(m >> (16 * v)), p);
       lo[v] = _mm512_and_si512(x, nib);
       hi[v] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
     }
@@ -746,9 +750,10 @@ class ChannelCodec final : public KvCodec {
       for (int v = 0; v < T; ++v)
         #pragma GCC unroll 8
         for (int i = 0; i < NQ; ++i) acc[k][v][i] = _mm512_setzero_si512();
+    const bool full = m == ~__mmask64(0);
     for (int g = 0; g < quads; g += 2) {  // quads is even: whole octets
       __m512i x[2][T];
-      load_octet<T>(head, bs, g / 2, t0, m, x[0], x[1]);
+      load_octet<T>(head, bs, g / 2, t0, m, full, x[0], x[1]);
       #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k)
         #pragma GCC unroll 8
