@@ -717,9 +717,9 @@ class ChannelCodec final : public KvCodec {
   // already four codes per lane in channel order.
   // Octet o of tokens [t0, t0 + 16 T) (bits of m; the others are zero) as T
   // vectors of channels 8o .. 8o + 3 (lo) and T of 8o + 4 .. 8o + 7 (hi).
-  // full: every bit of m is set. Whole 64-token tiles then load without a
-  // mask: the masked loads made int4-small's layer 1.5-5% slower on the
-  // AVX-512 host (BENCHMARKS.md, sixteenth session).
+  // full: all 16 T bits of m are set. Whole tiles then load without a mask:
+  // the masked loads made int4-small's layer 2-7% slower on the AVX-512 host
+  // (BENCHMARKS.md, sixteenth session).
   template <int T>
   static void load_octet(const uint8_t* head, int bs, int o, int t0, __mmask64 m, bool full, __m512i* lo,
                          __m512i* hi) {
@@ -750,7 +750,7 @@ class ChannelCodec final : public KvCodec {
       for (int v = 0; v < T; ++v)
         #pragma GCC unroll 8
         for (int i = 0; i < NQ; ++i) acc[k][v][i] = _mm512_setzero_si512();
-    const bool full = m == ~__mmask64(0);
+    const bool full = m == (T == 4 ? ~__mmask64(0) : (__mmask64(1) << (16 * T)) - 1);
     for (int g = 0; g < quads; g += 2) {  // quads is even: whole octets
       __m512i x[2][T];
       load_octet<T>(head, bs, g / 2, t0, m, full, x[0], x[1]);
