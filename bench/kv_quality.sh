@@ -22,6 +22,9 @@ fi
 configs=(
   "fp16|--kv-dtype fp16"
   "bf16|--kv-dtype bf16"
+  "fp8 (E4M3)|--kv-dtype fp8"
+  "fp8 keys, fp16 values|--kv-k fp8 --kv-v fp16"
+  "fp16 keys, fp8 values|--kv-k fp16 --kv-v fp8"
   "int8 per-token (g=head)|--kv-dtype int8 --kv-residual 0"
   "int8 static (calibrated)|--kv-dtype int8 --kv-calibration $calib_dir/static.json --kv-residual 0"
   "q4_0 (llama.cpp scheme)|--kv-dtype q4_0 --kv-residual 0"

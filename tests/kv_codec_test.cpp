@@ -40,7 +40,7 @@ std::vector<float> sample_rows(int n, int kv_dim, uint32_t seed) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const KvBlockShape small{16, 4, 8}, wide{16, 2, 64};
-  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16}) cases.push_back({{t}, small});
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8}) cases.push_back({{t}, small});
   for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
     cases.push_back({{t, KvGrouping::Token, 0, {}, {}}, small});     // one group per head
     cases.push_back({{t, KvGrouping::Token, 4, {}, {}}, small});     // finer groups
@@ -104,6 +104,7 @@ double bound(const KvCodecConfig& c, double lo, double hi, double amax, double r
     case KvDType::F32: return 0;
     case KvDType::F16: return amax * 4.9e-4;
     case KvDType::BF16: return amax * 3.9e-3;
+    case KvDType::FP8: return amax / 16 + 1.0 / 1024;  // half of a 3-bit mantissa's step; half a subnormal step
     case KvDType::Q4_0: return amax / 8 * 1.01 + 1e-6;  // the side opposite the max clips by one step
     default: {
       const double levels = (1 << kv_dtype_bits(c.dtype)) - 1;
@@ -289,7 +290,7 @@ TEST(KvCodec, ScoreAndAccumulateMatchReference) {
 std::vector<Case> model_cases() {
   // Every layout at one shape, with the given channel groups.
   auto add_shape = [](std::vector<Case>& cases, const KvBlockShape& s, std::initializer_list<int> channel_groups) {
-    for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::Q4_0}) cases.push_back({{t}, s});
+    for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::Q4_0}) cases.push_back({{t}, s});
     for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
       for (int g : {0, 4, 16, 2 * s.head_dim}) {
         if (g > s.kv_dim()) continue;

@@ -32,6 +32,7 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
       {{KvDType::INT8}, {KvDType::INT4, KvGrouping::Token, 16, {}, {}}},
       {{KvDType::INT4, KvGrouping::Channel, 0, {}, {}}, {KvDType::INT2}},
       {{KvDType::Q4_0}, {KvDType::BF16}},
+      {{KvDType::FP8}, {KvDType::FP8}},
   };
   // Keys stored before RoPE: channel codecs rotate each key by its offset in
   // the block (score_offsets), the rest rotate the query per key.

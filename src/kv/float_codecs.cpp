@@ -5,6 +5,7 @@
 #include "util/simd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "util/half.h"
@@ -49,6 +50,34 @@ struct BF16Traits {
   static __m256 load8(const T* p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+#endif
+};
+
+// FP8 E4M3 (util/half.h): each byte's bits moved into an FP16's, converted,
+// times 2^8; the NaN codes (0x7F, 0xFF) become NaN.
+struct FP8Traits {
+  using T = fp8_t;
+  static T from(float x) { return fp32_to_fp8(x); }
+  static float to(T x) { return fp8_to_fp32(x); }
+#if defined(__AVX512F__)
+  static __m512 load16(const T* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_srli_epi16(b, 7), 15));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    // A NaN code reads as +-480 so, a value no finite code has.
+    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(480.0f), _CMP_EQ_OQ);
+    return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(NAN));
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  static __m256 load8(const T* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7F));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_srli_epi16(b, 7), 15));
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F))));
+    return _mm256_blendv_ps(x, _mm256_set1_ps(NAN), nan);
   }
 #endif
 };
@@ -395,6 +424,7 @@ std::unique_ptr<KvCodec> make_float_codec(const KvCodecConfig& config, const KvB
   switch (config.dtype) {
     case KvDType::F16: return std::make_unique<FloatCodec<F16Traits>>(config, shape);
     case KvDType::BF16: return std::make_unique<FloatCodec<BF16Traits>>(config, shape);
+    case KvDType::FP8: return std::make_unique<FloatCodec<FP8Traits>>(config, shape);
     default: return std::make_unique<FloatCodec<F32Traits>>(config, shape);
   }
 }

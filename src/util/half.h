@@ -1,9 +1,10 @@
-// FP16 and BF16 scalar conversions. FP16 uses the F16C instructions the
-// target machines have; BF16 rounds to nearest even.
+// FP16, BF16 and FP8 (E4M3) scalar conversions. FP16 uses the F16C
+// instructions the target machines have; BF16 and FP8 round to nearest even.
 #pragma once
 
 #include "util/simd.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -28,6 +29,39 @@ inline bf16_t fp32_to_bf16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_t((bits >> 16) | 0x40);  // quiet NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return bf16_t(bits >> 16);
+}
+
+// FP8 E4M3 as in the OCP 8-bit floating point spec ("E4M3FN", vLLM's
+// fp8_e4m3 KV cache): sign, 4 exponent bits (bias 7), 3 mantissa bits; no
+// infinities, 0x7F / 0xFF are NaN, the largest finite value is 448 and the
+// smallest subnormal 2^-9.
+using fp8_t = uint8_t;
+
+// Rounds to nearest even; magnitudes above 448 (and infinities) saturate to
+// +-448, as vLLM's conversion does: a KV value that large is still kept as
+// the largest one the type has. NaN stays NaN.
+inline fp8_t fp32_to_fp8(float f) {
+  const fp8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return fp8_t(sign | 0x7F);
+  if (a >= 448.0f) return fp8_t(sign | 0x7E);
+  if (a < 0.015625f) return fp8_t(sign | uint8_t(std::nearbyint(a * 512.0f)));  // subnormal steps of 2^-9 (8: 2^-6)
+  int e;
+  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): exponent e - 1, mantissa 2m - 1
+  int q = int(std::nearbyint((2.0f * m - 1.0f) * 8.0f));  // exact products: powers of two
+  int biased = e - 1 + 7;
+  if (q == 8) q = 0, ++biased;  // rounded up to the next binade (never past 448: checked above)
+  return fp8_t(sign | uint8_t(biased << 3) | uint8_t(q));
+}
+
+// The E4M3 bits moved into an FP16's (exponent over exponent, mantissa over
+// the mantissa's top bits) read as that FP16 times 2^8: normals and
+// subnormals alike, as both exponent biases differ by 8. The vector loads in
+// kv/float_codecs.cpp do the same 16 or 8 at a time.
+inline fp16_t fp8_as_scaled_fp16(fp8_t b) { return fp16_t(((b & 0x7F) << 7) | ((b & 0x80) << 8)); }
+inline float fp8_to_fp32(fp8_t b) {
+  if ((b & 0x7F) == 0x7F) return std::nanf("");
+  return fp16_to_fp32(fp8_as_scaled_fp16(b)) * 256.0f;
 }
 
 }  // namespace kvserve
