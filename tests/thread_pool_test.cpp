@@ -59,6 +59,43 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
   }
 }
 
+// parallel_chunks: every index exactly once, in chunks that start at
+// multiples of `chunk` and are whole but for the one ending at n.
+TEST(ThreadPool, ChunksCoverEveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 3, 4, 7}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 3, 5, 16, 31, 33, 100, 1000, 4097})
+      for (int64_t chunk : {0, 1, 2, 3, 16, 1000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> bad{0};
+        pool.parallel_chunks(n, chunk, [&](int64_t begin, int64_t end, int thread) {
+          const int64_t c = std::max<int64_t>(chunk, 1);
+          if (begin % c != 0 || (end != n && end - begin != c) || begin >= end || thread < 0 ||
+              thread >= threads)
+            bad.fetch_add(1);
+          for (int64_t i = begin; i < end; ++i) hits[size_t(i)].fetch_add(1);
+        });
+        EXPECT_EQ(bad.load(), 0) << "threads=" << threads << " n=" << n << " chunk=" << chunk;
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+      }
+  }
+}
+
+// A thread done with its own share takes chunks of a slower thread's.
+TEST(ThreadPool, ChunksOfASlowThreadGoToAnIdleOne) {
+  ThreadPool pool(2);
+  constexpr int64_t kChunks = 16;
+  std::vector<std::atomic<int>> ran_by(kChunks);
+  pool.parallel_chunks(kChunks, 1, [&](int64_t begin, int64_t, int thread) {
+    ran_by[size_t(begin)].store(thread);
+    if (thread == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  int taken = 0;  // chunks of thread 1's share (the second half) that thread 0 ran
+  for (int64_t c = kChunks / 2; c < kChunks; ++c) taken += ran_by[size_t(c)].load() == 0;
+  EXPECT_GE(taken, 1);
+  EXPECT_EQ(ran_by[0].load(), 0);  // thread 0 starts with its own share
+}
+
 TEST(ThreadPool, NonPositiveThreadCountMeansCallerOnly) {
   ThreadPool pool(0);
   EXPECT_EQ(pool.num_threads(), 1);

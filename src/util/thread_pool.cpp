@@ -74,6 +74,36 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   for (int spins = 1; pending_.load(std::memory_order_acquire) != 0; ++spins) spin_pause(spins);
 }
 
+void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
+                                 const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(1, chunk);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (num_threads_ == 1 || chunks == 1) {
+    fn(0, n, 0);
+    return;
+  }
+  // Share s is chunks [first(s), first(s + 1)); next[s] counts the chunks of
+  // it claimed so far, by its owner or by a thread done with its own share.
+  const int shares = int(std::min<int64_t>(num_threads_, chunks));
+  auto first = [&](int s) { return chunks * s / shares; };
+  struct alignas(64) Counter {
+    std::atomic<int64_t> claimed{0};
+  };
+  std::vector<Counter> next(static_cast<size_t>(shares));
+  auto drain = [&](int s, int thread_index) {
+    const int64_t begin = first(s), count = first(s + 1) - begin;
+    for (int64_t c; (c = next[size_t(s)].claimed.fetch_add(1, std::memory_order_relaxed)) < count;) {
+      const int64_t lo = (begin + c) * chunk;
+      fn(lo, std::min(n, lo + chunk), thread_index);
+    }
+  };
+  parallel_for(num_threads_, 1, [&](int64_t, int64_t, int thread_index) {
+    if (thread_index >= shares) return;
+    for (int k = 0; k < shares; ++k) drain((thread_index + k) % shares, thread_index);
+  });
+}
+
 void ThreadPool::worker_loop(int thread_index) {
   uint64_t seen = 0;
   for (;;) {

@@ -33,6 +33,14 @@ class ThreadPool {
   // each range a multiple of `grain` except the last. Returns when all are done.
   void parallel_for(int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t, int)>& fn);
+  // The same over chunks of `chunk` items, for memory-bound loops whose
+  // threads run at different speeds (cores of a shared host do): thread t
+  // takes the chunks of its contiguous share in order, as parallel_for
+  // would, and then those the other threads have not reached yet, so no
+  // thread waits long for a slower one. Chunks run in order within each
+  // share; fn sees each chunk once.
+  void parallel_chunks(int64_t n, int64_t chunk,
+                       const std::function<void(int64_t, int64_t, int)>& fn);
 
  private:
   void worker_loop(int thread_index);
