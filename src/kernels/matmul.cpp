@@ -38,7 +38,7 @@ namespace {
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;
 constexpr int64_t kTokenChunk = 64;
-constexpr int64_t kRowGrain = 32;  // rows per parallel_for chunk; a multiple of kTileRows
+constexpr int64_t kRowGrain = 32;  // chunks are multiples of it; a multiple of kTileRows
 constexpr int64_t kQ8BlockBytes = 34;
 constexpr int64_t kQ4BlockBytes = 18;
 
@@ -447,8 +447,11 @@ void run(const MatmulArgs& a, ThreadPool* pool) {
     run_rows<K>(a, 0, a.w->rows);
     return;
   }
-  pool->parallel_for(a.w->rows, kRowGrain,
-                     [&](int64_t begin, int64_t end, int) { run_rows<K>(a, begin, end); });
+  // ~16 chunks per thread, whole kRowGrain multiples; a thread done early
+  // takes the chunks a slower one has not reached (as interleaved_matmul).
+  const int64_t per = a.w->rows / (16 * int64_t(pool->num_threads()));
+  const int64_t chunk = std::max<int64_t>(1, per / kRowGrain) * kRowGrain;
+  pool->parallel_chunks(a.w->rows, chunk, [&](int64_t begin, int64_t end, int) { run_rows<K>(a, begin, end); });
 }
 
 // Reused across calls so decode does not allocate per projection. One per
