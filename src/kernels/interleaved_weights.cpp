@@ -274,11 +274,11 @@ void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* 
     run_groups(ws, ys, a, 0, groups);
     return;
   }
-  // Chunks of groups, ~16 per thread: the cores of a shared host stream at
-  // different speeds from call to call, and a thread done early takes the
-  // chunks the other has not reached (ThreadPool::parallel_chunks).
-  const int64_t chunk = std::max<int64_t>(2, groups / (16 * int64_t(pool->num_threads())));
-  pool->parallel_chunks(groups, chunk, [&](int64_t begin, int64_t end, int) { run_groups(ws, ys, a, begin, end); });
+  // In chunks of groups: the cores of a shared host stream at different
+  // speeds from call to call, and a thread done early takes the chunks the
+  // other has not reached (ThreadPool::parallel_chunks).
+  pool->parallel_chunks(groups, pool->chunk_size(groups, 1),
+                        [&](int64_t begin, int64_t end, int) { run_groups(ws, ys, a, begin, end); });
 #else
   fail("interleaved matmul: this build has no AVX-512 VNNI kernel");
 #endif

@@ -447,11 +447,10 @@ void run(const MatmulArgs& a, ThreadPool* pool) {
     run_rows<K>(a, 0, a.w->rows);
     return;
   }
-  // ~16 chunks per thread, whole kRowGrain multiples; a thread done early
-  // takes the chunks a slower one has not reached (as interleaved_matmul).
-  const int64_t per = a.w->rows / (16 * int64_t(pool->num_threads()));
-  const int64_t chunk = std::max<int64_t>(1, per / kRowGrain) * kRowGrain;
-  pool->parallel_chunks(a.w->rows, chunk, [&](int64_t begin, int64_t end, int) { run_rows<K>(a, begin, end); });
+  // A thread done early takes the chunks a slower one has not reached (as
+  // interleaved_matmul).
+  pool->parallel_chunks(a.w->rows, pool->chunk_size(a.w->rows, kRowGrain),
+                        [&](int64_t begin, int64_t end, int) { run_rows<K>(a, begin, end); });
 }
 
 // Reused across calls so decode does not allocate per projection. One per

@@ -29,7 +29,8 @@ int default_thread_count() {
   return n == 0 ? 1 : int(n);
 }
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+ThreadPool::ThreadPool(int num_threads)
+    : num_threads_(std::max(1, num_threads)), chunk_claims_(static_cast<size_t>(num_threads_)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -83,17 +84,15 @@ void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
     fn(0, n, 0);
     return;
   }
-  // Share s is chunks [first(s), first(s + 1)); next[s] counts the chunks of
-  // it claimed so far, by its owner or by a thread done with its own share.
+  // Share s is chunks [first(s), first(s + 1)); chunk_claims_[s] counts the
+  // chunks of it claimed so far, by its owner or by a thread done with its
+  // own share. parallel_for publishes the reset to the workers.
   const int shares = int(std::min<int64_t>(num_threads_, chunks));
   auto first = [&](int s) { return chunks * s / shares; };
-  struct alignas(64) Counter {
-    std::atomic<int64_t> claimed{0};
-  };
-  std::vector<Counter> next(static_cast<size_t>(shares));
+  for (int s = 0; s < shares; ++s) chunk_claims_[size_t(s)].claimed.store(0, std::memory_order_relaxed);
   auto drain = [&](int s, int thread_index) {
     const int64_t begin = first(s), count = first(s + 1) - begin;
-    for (int64_t c; (c = next[size_t(s)].claimed.fetch_add(1, std::memory_order_relaxed)) < count;) {
+    for (int64_t c; (c = chunk_claims_[size_t(s)].claimed.fetch_add(1, std::memory_order_relaxed)) < count;) {
       const int64_t lo = (begin + c) * chunk;
       fn(lo, std::min(n, lo + chunk), thread_index);
     }
@@ -102,6 +101,12 @@ void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
     if (thread_index >= shares) return;
     for (int k = 0; k < shares; ++k) drain((thread_index + k) % shares, thread_index);
   });
+}
+
+int64_t ThreadPool::chunk_size(int64_t n, int64_t grain) const {
+  constexpr int64_t kChunksPerThread = 16;
+  grain = std::max<int64_t>(1, grain);
+  return std::max<int64_t>(1, n / (kChunksPerThread * num_threads_) / grain) * grain;
 }
 
 void ThreadPool::worker_loop(int thread_index) {
