@@ -82,6 +82,7 @@ std::vector<CodecPair> codec_pairs() {
        s8(tok(KvDType::INT2, 64)), 64},
       {"int4-small's codecs in 128-token blocks, K channel/g128", s8(chan(KvDType::INT4, 128)), s8(tok(KvDType::INT4, 64)),
        128},
+      {"fp8 (E4M3)", {KvDType::FP8}, {KvDType::FP8}},
   };
 }
 
@@ -283,6 +284,8 @@ void BM_LayoutPair(benchmark::State& state) {
 // 64-token layout (now) and 128-token blocks, at 4K and 16K.
 BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({9, 12, 4096})->Args({9, 12, 16384})
     ->Args({9, 14, 16384})->Args({12, 14, 16384})->Iterations(200);
+// FP8 (E4M3) against FP16, both in 16-token blocks.
+BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({1, 15, 4096})->Args({1, 15, 16384})->Iterations(200);
 
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "ctx", "threads"});

@@ -14,6 +14,7 @@
 #include "kv/int_codecs.h"
 #include "kv/scale8.h"
 #include "util/error.h"
+#include "util/half.h"
 
 namespace kvserve {
 namespace {
@@ -767,6 +768,75 @@ TEST(KvCodec, DecodeHeadIsTheHeadsSliceOfEachToken) {
         codec->decode_token(block.data(), t, row.data());
         for (int d = 0; d < hd; ++d)
           ASSERT_EQ(head[size_t(t) * hd + d], row[size_t(h * hd + d)]) << name(c) << " head " << h << " token " << t;
+      }
+    }
+  }
+}
+
+// FP8's vector loads shift each code's bits into an FP16 (util/half.h): every
+// finite code must read as its value in every kernel, and a head's slice
+// that holds a NaN code must give NaN where that token counts, not the
+// finite value its bits shift to.
+TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
+  const KvBlockShape shape{16, 2, 64};
+  auto codec = make_kv_codec({KvDType::FP8}, shape);
+  const int hd = shape.head_dim, bs = shape.block_size, kv_dim = shape.kv_dim();
+  std::vector<float> x(size_t(bs) * size_t(kv_dim));
+  int code = 0;
+  for (int t = 0; t < bs; ++t)
+    for (int d = 0; d < kv_dim; ++d, code = (code + 1) % 256) {
+      if ((code & 0x7F) == 0x7F) code = (code + 1) % 256;
+      x[size_t(t) * kv_dim + d] = fp8_to_fp32(fp8_t(code));  // every finite code, both heads
+    }
+  const int nan_token = 5;
+  const int nan_channel = 17;
+  x[size_t(nan_token) * kv_dim + hd + nan_channel] = std::nanf("");  // head 1 only
+  std::vector<uint8_t> block(codec->block_bytes());
+  codec->encode_block(block.data(), x.data(), bs);
+
+  const int n_q = 3, stride = bs;
+  const std::vector<float> q = sample_rows(n_q, hd, 11);
+  std::vector<float> w(size_t(n_q) * stride);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + std::fabs(std::sin(float(i)));
+  for (int h = 0; h < 2; ++h) {
+    std::vector<float> head(size_t(bs) * hd), scores(size_t(n_q) * stride), out(size_t(n_q) * hd, 0.0f);
+    codec->decode_head(block.data(), bs, h, head.data());
+    codec->score(q.data(), n_q, block.data(), bs, h, 0.125f, scores.data(), stride);
+    codec->accumulate(w.data(), n_q, stride, block.data(), bs, h, out.data());
+    for (int t = 0; t < bs; ++t)
+      for (int d = 0; d < hd; ++d) {
+        const float want = x[size_t(t) * kv_dim + size_t(h) * hd + d];
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(head[size_t(t) * hd + d])) << "token " << t;
+        else
+          ASSERT_EQ(head[size_t(t) * hd + d], want) << "head " << h << " token " << t << " channel " << d;
+      }
+    for (int i = 0; i < n_q; ++i) {
+      for (int t = 0; t < bs; ++t) {
+        double want = 0, size = 0;
+        for (int d = 0; d < hd; ++d) {
+          const double p = double(q[size_t(i) * hd + d]) * x[size_t(t) * kv_dim + size_t(h) * hd + d];
+          want += p;
+          size += std::fabs(p);
+        }
+        const float got = scores[size_t(i) * stride + t];
+        if (h == 1 && t == nan_token)
+          EXPECT_TRUE(std::isnan(got)) << "query " << i;
+        else
+          ASSERT_NEAR(got, 0.125 * want, 1e-6 * 0.125 * size) << "head " << h << " query " << i << " token " << t;
+      }
+      for (int d = 0; d < hd; ++d) {
+        double want = 0, size = 0;
+        for (int t = 0; t < bs; ++t) {
+          const double p = double(w[size_t(i) * stride + t]) * x[size_t(t) * kv_dim + size_t(h) * hd + d];
+          want += p;
+          size += std::fabs(p);
+        }
+        const float got = out[size_t(i) * hd + d];
+        if (h == 1 && d == nan_channel)
+          EXPECT_TRUE(std::isnan(got)) << "query " << i;
+        else
+          ASSERT_NEAR(got, want, 1e-6 * size) << "query " << i << " channel " << d;
       }
     }
   }

@@ -13,8 +13,13 @@
 namespace kvserve {
 namespace {
 
+// load16 / load8 give each value divided by kUnit (FP8Traits); sums are
+// multiplied back where they leave the kernels. kNaNCodes: some codes load
+// wrongly (as finite values) in the vector loads.
 struct F32Traits {
   using T = float;
+  static constexpr float kUnit = 1.0f;
+  static constexpr bool kNaNCodes = false;
   static T from(float x) { return x; }
   static float to(T x) { return x; }
 #if defined(__AVX512F__)
@@ -26,6 +31,8 @@ struct F32Traits {
 
 struct F16Traits {
   using T = fp16_t;
+  static constexpr float kUnit = 1.0f;
+  static constexpr bool kNaNCodes = false;
   static T from(float x) { return fp32_to_fp16(x); }
   static float to(T x) { return fp16_to_fp32(x); }
 #if defined(__AVX512F__)
@@ -39,6 +46,8 @@ struct F16Traits {
 
 struct BF16Traits {
   using T = bf16_t;
+  static constexpr float kUnit = 1.0f;
+  static constexpr bool kNaNCodes = false;
   static T from(float x) { return fp32_to_bf16(x); }
   static float to(T x) { return bf16_to_fp32(x); }
 #if defined(__AVX512F__)
@@ -54,75 +63,92 @@ struct BF16Traits {
 #endif
 };
 
-// FP8 E4M3 (util/half.h): each byte's bits moved into an FP16's, converted,
-// times 2^8; the NaN codes (0x7F, 0xFF) become NaN.
+// FP8 E4M3 (util/half.h). The vector loads give each value times 2^-8: the
+// byte's bits moved into an FP16's (exact, subnormals included), three
+// integer instructions and a conversion; the kernels multiply by kUnit where
+// a sum leaves them (a power of two: the results are those of exact values).
+// They read the NaN codes (0x7F, 0xFF) as +-480 * 2^-8, so a head's slice
+// that holds one takes the scalar loops (kNaNCodes, holds_fp8_nan).
 struct FP8Traits {
   using T = fp8_t;
+  static constexpr float kUnit = 256.0f;
+  static constexpr bool kNaNCodes = true;
   static T from(float x) { return fp32_to_fp8(x); }
   static float to(T x) { return fp8_to_fp32(x); }
 #if defined(__AVX512F__)
   static __m512 load16(const T* p) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_srli_epi16(b, 7), 15));
-    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-    // A NaN code reads as +-480 so, a value no finite code has.
-    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(480.0f), _CMP_EQ_OQ);
-    return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(NAN));
+    // Sign-extended, then shifted: the sign lands in bits 15 and 14; bit 14 is cleared.
+    const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(s, 7), _mm256_set1_epi16(int16_t(0xBFFF))));
   }
 #elif defined(__AVX2__) && defined(__F16C__)
   static __m256 load8(const T* p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7F));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_srli_epi16(b, 7), 15));
-    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F))));
-    return _mm256_blendv_ps(x, _mm256_set1_ps(NAN), nan);
+    const __m128i s = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s, 7), _mm_set1_epi16(int16_t(0xBFFF))));
   }
 #endif
 };
 
-template <class Tr>
+// Whether n FP8 codes hold a NaN (0x7F or 0xFF): 64 codes per compare.
+bool holds_fp8_nan(const fp8_t* p, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512BW__)
+  __mmask64 nan = 0;
+  for (; i + 64 <= n; i += 64)
+    nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(p + i), _mm512_set1_epi8(char(0x80))),
+                                  _mm512_set1_epi8(char(0xFF)));
+  if (nan != 0) return true;
+#elif defined(__AVX2__)
+  __m256i nan = _mm256_setzero_si256();
+  for (; i + 32 <= n; i += 32)
+    nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)),
+                                                                 _mm256_set1_epi8(char(0x80))),
+                                                 _mm256_set1_epi8(char(0xFF))));
+  if (_mm256_movemask_epi8(nan) != 0) return true;
+#endif
+  for (; i < n; ++i)
+    if ((p[i] & 0x7F) == 0x7F) return true;
+  return false;
+}
+
+// kVector false: the scalar loop only (FP8 slices holding a NaN code).
+template <class Tr, bool kVector = true>
 float dot_row(const float* q, const typename Tr::T* k, int n) {
   int d = 0;
   float sum = 0.0f;
 #if defined(__AVX512F__)
-  if (n >= 16) {
+  if (kVector && n >= 16) {
     __m512 acc = _mm512_setzero_ps();
     for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), Tr::load16(k + d), acc);
-    sum = _mm512_reduce_add_ps(acc);
+    sum = Tr::kUnit * _mm512_reduce_add_ps(acc);
   }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (n >= 8) {  // AVX2 machines: 8 lanes
+  if (kVector && n >= 8) {  // AVX2 machines: 8 lanes
     __m256 acc = _mm256_setzero_ps();
     for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), Tr::load8(k + d), acc);
-    sum = simd::hsum8(acc);
+    sum = Tr::kUnit * simd::hsum8(acc);
   }
 #endif
   for (; d < n; ++d) sum += q[d] * Tr::to(k[d]);
   return sum;
 }
 
-template <class Tr>
+template <class Tr, bool kVector = true>
 void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
   int d = 0;
 #if defined(__AVX512F__)
-  const __m512 wv = _mm512_set1_ps(w);
-  for (; d + 16 <= n; d += 16)
+  const __m512 wv = _mm512_set1_ps(w * Tr::kUnit);
+  for (; kVector && d + 16 <= n; d += 16)
     _mm512_storeu_ps(out + d, _mm512_fmadd_ps(wv, Tr::load16(v + d), _mm512_loadu_ps(out + d)));
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  const __m256 wv = _mm256_set1_ps(w);
-  for (; d + 8 <= n; d += 8)
+  const __m256 wv = _mm256_set1_ps(w * Tr::kUnit);
+  for (; kVector && d + 8 <= n; d += 8)
     _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, Tr::load8(v + d), _mm256_loadu_ps(out + d)));
 #endif
   for (; d < n; ++d) out[d] += w * Tr::to(v[d]);
 }
 
 #if defined(__AVX512F__)
-
-
-
-
 // Scores of NQ queries against n keys, 16 keys at a time: dot(t, acc) adds
 // key t's per-lane products to acc[NQ]; hsum16 reduces 16 keys at once.
 template <int NQ, class Dot>
@@ -210,7 +236,10 @@ void accumulate_simd(const float* weights, int stride, const typename Tr::T* v, 
     #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) {
       float* o = out + i * hd + d0 + 16 * j;
-      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[i][j]));
+      if constexpr (Tr::kUnit != 1.0f)
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(acc[i][j], _mm512_set1_ps(Tr::kUnit), _mm512_loadu_ps(o)));
+      else
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[i][j]));
     }
 }
 
@@ -259,13 +288,20 @@ class FloatCodec final : public KvCodec {
     const int count = n * shape_.head_dim;
     int i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= count; i += 16) _mm512_storeu_ps(out + i, Tr::load16(src + i));
+    if (vector_loads(src, n))
+      for (; i + 16 <= count; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(Tr::load16(src + i), _mm512_set1_ps(Tr::kUnit)));
 #endif
     for (; i < count; ++i) out[i] = Tr::to(src[i]);
   }
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
     const int hd = shape_.head_dim;
+    if (!vector_loads(at(block, kv_head, 0), n)) {
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < n_q; ++i)
+          scores[i * stride + t] = scale * dot_row<Tr, false>(q + i * hd, at(block, kv_head, t), hd);
+      return;
+    }
 #if defined(__AVX512F__)
     if (hd % 16 == 0) {
       score_passes(q, 0, n_q, block, n, kv_head, scale, scores, stride);
@@ -275,7 +311,7 @@ class FloatCodec final : public KvCodec {
     if (hd % 8 == 0) {  // AVX2: each key converted once for up to 3 queries, 4 keys reduced together
       const T* k = at(block, kv_head, 0);
       simd::by_query_passes<3>(n_q, [&](auto m, int i) {
-        score_quads8<m>(q + size_t(i) * hd, k, n, scale, scores + size_t(i) * stride, stride);
+        score_quads8<m>(q + size_t(i) * hd, k, n, scale * Tr::kUnit, scores + size_t(i) * stride, stride);
       });
       return;
     }
@@ -288,21 +324,29 @@ class FloatCodec final : public KvCodec {
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
     const int hd = shape_.head_dim;
+    const bool vector = vector_loads(at(block, kv_head, 0), n);
 #if defined(__AVX512F__)
-    if (hd % 16 == 0) {
+    if (vector && hd % 16 == 0) {
       score_passes(q, size_t(n_q) * hd, n_q, block, n, kv_head, scale, scores, stride);
       return;
     }
 #endif
     for (int t = 0; t < n; ++t) {
       const T* k = at(block, kv_head, t);
-      for (int i = 0; i < n_q; ++i)
-        scores[i * stride + t] = scale * dot_row<Tr>(q + (size_t(t) * n_q + i) * hd, k, hd);
+      for (int i = 0; i < n_q; ++i) {
+        const float* qt = q + (size_t(t) * n_q + i) * hd;
+        scores[i * stride + t] = scale * (vector ? dot_row<Tr>(qt, k, hd) : dot_row<Tr, false>(qt, k, hd));
+      }
     }
   }
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
     const int hd = shape_.head_dim;
+    if (!vector_loads(at(block, kv_head, 0), n)) {
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < n_q; ++i) axpy_row<Tr, false>(weights[i * stride + t], at(block, kv_head, t), out + i * hd, hd);
+      return;
+    }
 #if defined(__AVX512F__)
     if (hd % 16 == 0) {
       const T* v = at(block, kv_head, 0);
@@ -328,6 +372,11 @@ class FloatCodec final : public KvCodec {
   }
 
  private:
+  // Whether the vector loads read the head's first n rows (from p) right.
+  bool vector_loads(const T* p, int n) const {
+    if constexpr (Tr::kNaNCodes) return !holds_fp8_nan(p, size_t(n) * size_t(shape_.head_dim));
+    return true;
+  }
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   // NQ queries (NQ, hd) against keys k (n, hd), four keys at a time: their
   // per-lane sums reduce together (three horizontal adds for four scores,
@@ -373,7 +422,10 @@ class FloatCodec final : public KvCodec {
       for (int t = 0; t < n; ++t) {
         __m256 wt[NQ];
         #pragma GCC unroll 4
-        for (int i = 0; i < NQ; ++i) wt[i] = _mm256_broadcast_ss(w + size_t(i) * stride + t);
+        for (int i = 0; i < NQ; ++i) {
+          wt[i] = _mm256_broadcast_ss(w + size_t(i) * stride + t);
+          if constexpr (Tr::kUnit != 1.0f) wt[i] = _mm256_mul_ps(wt[i], _mm256_set1_ps(Tr::kUnit));
+        }
         #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
           const __m256 x = Tr::load8(v + size_t(t) * hd + d0 + 8 * e);
@@ -395,7 +447,7 @@ class FloatCodec final : public KvCodec {
     const T* k = at(block, kv_head, 0);
     simd::prefetch_rows(k, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
     simd::by_query_passes(n_q, [&](auto m, int i) {
-      score_head<m>(q + size_t(i) * hd, q_token_stride, k, n, scale, scores + size_t(i) * stride, stride);
+      score_head<m>(q + size_t(i) * hd, q_token_stride, k, n, scale * Tr::kUnit, scores + size_t(i) * stride, stride);
     });
   }
   // score_simd with the common head sizes (64, 128) known at compile time.
