@@ -336,10 +336,16 @@ struct Q4Weights {
 
 // AVX2: one 32-value block per instruction pair. maddubs multiplies unsigned
 // by signed bytes, so the weights' signs move onto the activations (|w| times
-// x·sign(w)); pair sums stay within int16 (2 · 128 · 127 < 32768).
+// x·sign(w)); pair sums stay within int16 (2 · 128 · 127 < 32768). With
+// AVX-VNNI (Intel since Alder Lake, AMD since Zen 4, on the 256-bit
+// registers) vpdpbusd sums each lane's four products into 32 bits at once.
 inline __m256 block_dot(__m256i w, __m256i x) {
+#if defined(__AVXVNNI__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)));
+#else
   const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
 }
 inline __m256i load_block(const Q8Weights&, const uint8_t* row, int64_t b) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kQ8BlockBytes + 2));

@@ -343,7 +343,11 @@ class ChannelCodec final : public KvCodec {
     auto add = [&](__m256i x, int p) {
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i)
+#if defined(__AVXVNNI__)
+        acc[i] = _mm256_dpwssd_avx_epi32(acc[i], x, _mm256_set1_epi32(q16[i * pairs + p]));  // vpmaddwd and the add
+#else
         acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, _mm256_set1_epi32(q16[i * pairs + p])));
+#endif
     };
     if (B == 4 && oct) {
       for (int p = 0; p < pairs; p += 4) {
@@ -412,10 +416,29 @@ class ChannelCodec final : public KvCodec {
   // channels 8o .. 8o + 3, or 8o + 4 .. 8o + 7) by the query's four bytes
   // into two 16-bit sums. Four octets' sums stay in 16 bits (16 products of
   // at most 15 x 127: 30480), then vpmaddwd adds each token's two halves.
+  // With AVX-VNNI, vpdpbusd adds the four products into 32 bits directly:
+  // half the instructions, the same sums.
   template <int NQ>
   static void score_tile8_bytes(const uint8_t* head, int bs, int quads, int t0, int nt, const int32_t* q8,
                                 const float* step, const float* bias, float scale, float* scores, int stride) {
-    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+#if defined(__AVXVNNI__)
+    __m256i acc[NQ], acc_hi[NQ];  // two chains per query: vpdpbusd's latency
+    #pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) acc[i] = acc_hi[i] = _mm256_setzero_si256();
+    for (int g = 0; g < quads; g += 2) {  // quads is even: whole octets
+      const __m256i v = load_octet8(head, bs, g / 2, t0, nt);
+      const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+      #pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
+        acc[i] = _mm256_dpbusd_avx_epi32(acc[i], lo, _mm256_set1_epi32(q8[i * quads + g]));
+        acc_hi[i] = _mm256_dpbusd_avx_epi32(acc_hi[i], hi, _mm256_set1_epi32(q8[i * quads + g + 1]));
+      }
+    }
+    #pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], acc_hi[i]);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[NQ];
     #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
@@ -436,6 +459,7 @@ class ChannelCodec final : public KvCodec {
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(part[i], ones));
     }
+#endif
     store_scores8<NQ>(acc, step, bias, scale, scores, stride, t0, nt);
   }
 #endif

@@ -587,8 +587,13 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) {
         const __m256i ut = _mm256_set1_epi32(u[size_t(i) * upairs + t / 2]);
+#if defined(__AVXVNNI__)
+        acc[i][0] = _mm256_dpwssd_avx_epi32(acc[i][0], p0, ut);  // vpmaddwd and the add in one
+        acc[i][1] = _mm256_dpwssd_avx_epi32(acc[i][1], p1, ut);
+#else
         acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ut));
         acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ut));
+#endif
       }
     }
     #pragma GCC unroll 4

@@ -16,13 +16,16 @@
 namespace kvserve::simd {
 
 // The kernel tier this build compiled (the build follows -march): which of
-// the AVX-512 (with or without VNNI's integer dot products), AVX2 or
-// portable loops run. `bench --json` reports it as "kernels".
+// the AVX-512 (with or without VNNI's integer dot products), AVX2 (with or
+// without AVX-VNNI's, on 256-bit registers) or portable loops run.
+// `bench --json` reports it as "kernels".
 constexpr const char* kernel_tier() {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
   return "avx512-vnni";
 #elif defined(__AVX512F__)
   return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__AVXVNNI__)
+  return "avx2-vnni";
 #elif defined(__AVX2__) && defined(__FMA__)
   return "avx2";
 #else
