@@ -66,7 +66,8 @@ struct BF16Traits {
 // FP8 E4M3 (util/half.h). The vector loads give each value times 2^-8: the
 // byte's bits moved into an FP16's (exact, subnormals included), three
 // integer instructions and a conversion; the kernels multiply by kUnit where
-// a sum leaves them (a power of two: the results are those of exact values).
+// a sum leaves them (a power of two: the results are those of exact values,
+// unless a product falls below FP32's normal range 2^8 times sooner, ~2^-118).
 // They read the NaN codes (0x7F, 0xFF) as +-480 * 2^-8, so a head's slice
 // that holds one takes the scalar loops (kNaNCodes, holds_fp8_nan).
 struct FP8Traits {
