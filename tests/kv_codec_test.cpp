@@ -799,13 +799,25 @@ TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
   std::vector<float> w(size_t(n_q) * stride);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + std::fabs(std::sin(float(i)));
   for (int h = 0; h < 2; ++h) {
+    // Token t's channel d of this head, and the sum of term(k) for k < count
+    // with the sum of their magnitudes (the rounding allowance's scale).
+    auto value = [&](int t, int d) { return double(x[size_t(t) * kv_dim + size_t(h) * hd + d]); };
+    auto sums = [](int count, auto term) {
+      double sum = 0, size = 0;
+      for (int k = 0; k < count; ++k) {
+        const double p = term(k);
+        sum += p;
+        size += std::fabs(p);
+      }
+      return std::pair{sum, size};
+    };
     std::vector<float> head(size_t(bs) * hd), scores(size_t(n_q) * stride), out(size_t(n_q) * hd, 0.0f);
     codec->decode_head(block.data(), bs, h, head.data());
     codec->score(q.data(), n_q, block.data(), bs, h, 0.125f, scores.data(), stride);
     codec->accumulate(w.data(), n_q, stride, block.data(), bs, h, out.data());
     for (int t = 0; t < bs; ++t)
       for (int d = 0; d < hd; ++d) {
-        const float want = x[size_t(t) * kv_dim + size_t(h) * hd + d];
+        const float want = float(value(t, d));
         if (std::isnan(want))
           EXPECT_TRUE(std::isnan(head[size_t(t) * hd + d])) << "token " << t;
         else
@@ -813,12 +825,7 @@ TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
       }
     for (int i = 0; i < n_q; ++i) {
       for (int t = 0; t < bs; ++t) {
-        double want = 0, size = 0;
-        for (int d = 0; d < hd; ++d) {
-          const double p = double(q[size_t(i) * hd + d]) * x[size_t(t) * kv_dim + size_t(h) * hd + d];
-          want += p;
-          size += std::fabs(p);
-        }
+        const auto [want, size] = sums(hd, [&](int d) { return q[size_t(i) * hd + d] * value(t, d); });
         const float got = scores[size_t(i) * stride + t];
         if (h == 1 && t == nan_token)
           EXPECT_TRUE(std::isnan(got)) << "query " << i;
@@ -826,12 +833,7 @@ TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
           ASSERT_NEAR(got, 0.125 * want, 1e-6 * 0.125 * size) << "head " << h << " query " << i << " token " << t;
       }
       for (int d = 0; d < hd; ++d) {
-        double want = 0, size = 0;
-        for (int t = 0; t < bs; ++t) {
-          const double p = double(w[size_t(i) * stride + t]) * x[size_t(t) * kv_dim + size_t(h) * hd + d];
-          want += p;
-          size += std::fabs(p);
-        }
+        const auto [want, size] = sums(bs, [&](int t) { return w[size_t(i) * stride + t] * value(t, d); });
         const float got = out[size_t(i) * hd + d];
         if (h == 1 && d == nan_channel)
           EXPECT_TRUE(std::isnan(got)) << "query " << i;

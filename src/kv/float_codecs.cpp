@@ -112,19 +112,19 @@ bool holds_fp8_nan(const fp8_t* p, size_t n) {
   return false;
 }
 
-// kVector false: the scalar loop only (FP8 slices holding a NaN code).
-template <class Tr, bool kVector = true>
-float dot_row(const float* q, const typename Tr::T* k, int n) {
+// vector false: the scalar loop only (FP8 slices holding a NaN code).
+template <class Tr>
+float dot_row(const float* q, const typename Tr::T* k, int n, bool vector) {
   int d = 0;
   float sum = 0.0f;
 #if defined(__AVX512F__)
-  if (kVector && n >= 16) {
+  if (vector && n >= 16) {
     __m512 acc = _mm512_setzero_ps();
     for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), Tr::load16(k + d), acc);
     sum = Tr::kUnit * _mm512_reduce_add_ps(acc);
   }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (kVector && n >= 8) {  // AVX2 machines: 8 lanes
+  if (vector && n >= 8) {  // AVX2 machines: 8 lanes
     __m256 acc = _mm256_setzero_ps();
     for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), Tr::load8(k + d), acc);
     sum = Tr::kUnit * simd::hsum8(acc);
@@ -134,16 +134,16 @@ float dot_row(const float* q, const typename Tr::T* k, int n) {
   return sum;
 }
 
-template <class Tr, bool kVector = true>
-void axpy_row(float w, const typename Tr::T* v, float* out, int n) {
+template <class Tr>
+void axpy_row(float w, const typename Tr::T* v, float* out, int n, bool vector) {
   int d = 0;
 #if defined(__AVX512F__)
   const __m512 wv = _mm512_set1_ps(w * Tr::kUnit);
-  for (; kVector && d + 16 <= n; d += 16)
+  for (; vector && d + 16 <= n; d += 16)
     _mm512_storeu_ps(out + d, _mm512_fmadd_ps(wv, Tr::load16(v + d), _mm512_loadu_ps(out + d)));
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   const __m256 wv = _mm256_set1_ps(w * Tr::kUnit);
-  for (; kVector && d + 8 <= n; d += 8)
+  for (; vector && d + 8 <= n; d += 8)
     _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, Tr::load8(v + d), _mm256_loadu_ps(out + d)));
 #endif
   for (; d < n; ++d) out[d] += w * Tr::to(v[d]);
@@ -297,19 +297,14 @@ class FloatCodec final : public KvCodec {
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
     const int hd = shape_.head_dim;
-    if (!vector_loads(at(block, kv_head, 0), n)) {
-      for (int t = 0; t < n; ++t)
-        for (int i = 0; i < n_q; ++i)
-          scores[i * stride + t] = scale * dot_row<Tr, false>(q + i * hd, at(block, kv_head, t), hd);
-      return;
-    }
+    const bool vector = vector_loads(at(block, kv_head, 0), n);
 #if defined(__AVX512F__)
-    if (hd % 16 == 0) {
+    if (vector && hd % 16 == 0) {
       score_passes(q, 0, n_q, block, n, kv_head, scale, scores, stride);
       return;
     }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (hd % 8 == 0) {  // AVX2: each key converted once for up to 3 queries, 4 keys reduced together
+    if (vector && hd % 8 == 0) {  // AVX2: each key converted once for up to 3 queries, 4 keys reduced together
       const T* k = at(block, kv_head, 0);
       simd::by_query_passes<3>(n_q, [&](auto m, int i) {
         score_quads8<m>(q + size_t(i) * hd, k, n, scale * Tr::kUnit, scores + size_t(i) * stride, stride);
@@ -319,7 +314,7 @@ class FloatCodec final : public KvCodec {
 #endif
     for (int t = 0; t < n; ++t) {
       const T* k = at(block, kv_head, t);
-      for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * dot_row<Tr>(q + i * hd, k, hd);
+      for (int i = 0; i < n_q; ++i) scores[i * stride + t] = scale * dot_row<Tr>(q + i * hd, k, hd, vector);
     }
   }
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
@@ -334,22 +329,16 @@ class FloatCodec final : public KvCodec {
 #endif
     for (int t = 0; t < n; ++t) {
       const T* k = at(block, kv_head, t);
-      for (int i = 0; i < n_q; ++i) {
-        const float* qt = q + (size_t(t) * n_q + i) * hd;
-        scores[i * stride + t] = scale * (vector ? dot_row<Tr>(qt, k, hd) : dot_row<Tr, false>(qt, k, hd));
-      }
+      for (int i = 0; i < n_q; ++i)
+        scores[i * stride + t] = scale * dot_row<Tr>(q + (size_t(t) * n_q + i) * hd, k, hd, vector);
     }
   }
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
     const int hd = shape_.head_dim;
-    if (!vector_loads(at(block, kv_head, 0), n)) {
-      for (int t = 0; t < n; ++t)
-        for (int i = 0; i < n_q; ++i) axpy_row<Tr, false>(weights[i * stride + t], at(block, kv_head, t), out + i * hd, hd);
-      return;
-    }
+    const bool vector = vector_loads(at(block, kv_head, 0), n);
 #if defined(__AVX512F__)
-    if (hd % 16 == 0) {
+    if (vector && hd % 16 == 0) {
       const T* v = at(block, kv_head, 0);
       simd::prefetch_rows(v, size_t(hd) * sizeof(T), n, size_t(hd) * sizeof(T));
       simd::by_query_passes(n_q, [&](auto m, int i) {
@@ -358,7 +347,7 @@ class FloatCodec final : public KvCodec {
       return;
     }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (hd % 32 == 0) {  // AVX2: up to 3 queries' sums of 32 channels stay in registers across the tokens
+    if (vector && hd % 32 == 0) {  // AVX2: up to 3 queries' sums of 32 channels stay in registers across the tokens
       const T* v = at(block, kv_head, 0);
       simd::by_query_passes<3>(n_q, [&](auto m, int i) {
         accumulate_dims8<m>(weights + size_t(i) * stride, stride, v, n, out + size_t(i) * hd);
@@ -368,7 +357,7 @@ class FloatCodec final : public KvCodec {
 #endif
     for (int t = 0; t < n; ++t) {
       const T* v = at(block, kv_head, t);
-      for (int i = 0; i < n_q; ++i) axpy_row<Tr>(weights[i * stride + t], v, out + i * hd, hd);
+      for (int i = 0; i < n_q; ++i) axpy_row<Tr>(weights[i * stride + t], v, out + i * hd, hd, vector);
     }
   }
 
