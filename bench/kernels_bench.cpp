@@ -139,13 +139,13 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Matmul)->Apply(matmul_args);
 
 // The same Q8_0/Q4_0 matrices through their interleaved copies (what Model
-// loads on AVX-512 VNNI machines). Args: weight type, rows, cols, n, threads.
+// loads on AVX-512 VNNI and AVX2 machines). Args: weight type, rows, cols, n, threads.
 void BM_MatmulInterleaved(benchmark::State& state) {
   const auto type = WeightType(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
   const int threads = int(state.range(4));
   if (!interleaved_weights_supported()) {
-    state.SkipWithError("no AVX-512 VNNI kernel in this build");
+    state.SkipWithError("no interleaved kernel in this build (needs AVX2)");
     return;
   }
   // Built from one plain set at a time, then the plain copies are dropped.

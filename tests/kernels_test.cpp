@@ -299,19 +299,19 @@ TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
   }
 }
 
-// The interleaved Q8_0/Q4_0 copies (AVX-512 VNNI builds): rows off the 16-row
-// group, token counts off the 16-token tile and the 64-token chunk.
+// The interleaved Q8_0/Q4_0 copies (AVX-512 VNNI and AVX2 builds): rows off
+// the 16- and 8-row groups, token counts off the 16-token tile and the 64-token chunk.
 class MatmulInterleaved : public ::testing::TestWithParam<WeightType> {};
 
 TEST_P(MatmulInterleaved, MatchesReferenceWithinBound) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
   for (Shape s : std::vector<Shape>{{1, 32}, {13, 64}, {16, 96}, {37, 160}, {130, 256}, {67, 544}})
     for (int64_t n : {1, 3, 15, 16, 17, 64, 70, 130})
       for (int threads : {1, 2, 3}) check_matmul(GetParam(), s, n, threads, true);
 }
 
 TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
   std::mt19937 rng(5);
   const int64_t rows = 29, cols = 160, n = 19;
   const TestMatrix m = random_matrix(GetParam(), rows, cols, rng);
@@ -335,7 +335,7 @@ TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
 }
 
 TEST_P(MatmulInterleaved, ThreadedResultIsIdenticalToSingleThreaded) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no AVX-512 VNNI kernel in this build";
+  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
   std::mt19937 rng(12);
   const TestMatrix m = random_matrix(GetParam(), 203, 320, rng);
   const auto packed = make_interleaved(m.view());

@@ -1,4 +1,5 @@
-// Interleaved Q8_0/Q4_0 matmul: packing, activation tiles and the VNNI kernel.
+// Interleaved Q8_0/Q4_0 matmul: packing, activation tiles and the kernels
+// (AVX-512 VNNI: 16 rows per register; AVX2: 8).
 //
 // vpdpbusd multiplies unsigned by signed bytes. Here the weights are the
 // unsigned operand (q + off: off = 128 for Q8_0, stored so; 8 for Q4_0's raw
@@ -6,6 +7,8 @@
 //   sum (q + off) x = sum q x + off sum x,
 // and the correction -off sum x depends on (token, block) only: sum x is
 // computed when the activations are quantized and seeds the block's sum.
+// AVX2 without VNNI multiplies with vpmaddubsw, whose 16-bit pair sums would
+// overflow on (q + 128) x; its Q8_0 path takes |q| times x sign(q) instead.
 #include "kernels/interleaved_weights.h"
 
 #include "util/simd.h"
@@ -23,10 +26,10 @@ namespace kvserve {
 namespace {
 
 constexpr int kGroupRows = InterleavedWeights::kRows;
-constexpr int kTileTokens = 16;       // tokens per kernel call: 16 accumulators + 8 weight vectors
+constexpr int kTileTokens = 16;       // tokens per activation tile (ActivationTiles)
 constexpr int64_t kTokenChunk = 64;   // tokens whose tiles reuse a group's weights from L1/L2
 constexpr int64_t kBlockValues = 32;
-constexpr int64_t kStepBytes = 64;    // one vector: 4 bytes of each of 16 rows
+constexpr int64_t kStepBytes = 4 * kGroupRows;  // one vector: 4 bytes of each row
 constexpr int64_t kQ8Steps = 8;       // steps per block (see InterleavedWeights::qs)
 constexpr int64_t kQ4Steps = 4;
 constexpr int64_t kParallelMinValues = 1 << 16;  // below: one thread quantizes the activations
@@ -35,7 +38,18 @@ int64_t steps_per_block(WeightType t) { return t == WeightType::Q8_0 ? kQ8Steps 
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define KVSERVE_INTERLEAVED 1
+#define KVSERVE_INTERLEAVED_512 1
+// Tokens per kernel call: 16 accumulators + 8 weight vectors.
+constexpr int kCallTokens = 16;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVSERVE_INTERLEAVED 1
+// Tokens per kernel call: with 16 registers, 4 tokens' integer and float
+// sums beside a step's weights.
+constexpr int kCallTokens = 4;
+#endif
 
+#if defined(KVSERVE_INTERLEAVED)
+static_assert(kTileTokens % kCallTokens == 0, "a kernel call stays within one activation tile");
 #define KVSERVE_UNROLL _Pragma("GCC unroll 16")
 
 // Activations for the kernel, in tiles of 16 tokens so that a tile's block b
@@ -98,6 +112,8 @@ inline int32_t load_i32(const int8_t* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+
+#if defined(KVSERVE_INTERLEAVED_512)
 
 // The unsigned weight vectors of one block in value order: vector i holds
 // values 4i..4i+3 of each of the 16 rows.
@@ -173,6 +189,148 @@ void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g
   for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + g * kGroupRows, mask, out[t]);
 }
 
+#else  // AVX2
+
+// The 256-bit kernel. A block's steps stream through one register each (8
+// of them would leave too few for the tokens' sums); each step meets the
+// call's tokens in turn. Block sums come out in int32 with the offset
+// correction applied, as the 512-bit kernel's.
+struct Q8Block {
+  static constexpr int64_t kBytes = kQ8Steps * kStepBytes;
+  template <int T>
+  static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
+#if defined(__AVXVNNI__)
+    // A token's chain of 8 dependent vpdpbusd would set the pace (4 tokens'
+    // chains keep fewer in flight than the core issues): even and odd steps
+    // take separate chains.
+    constexpr int C = T < 4 ? 2 : 1;
+    __m256i acc[C][T];
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) {
+      acc[0][t] = _mm256_set1_epi32(-128 * xs[t]);
+      if constexpr (C == 2) acc[1][t] = _mm256_setzero_si256();
+    }
+    KVSERVE_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes));
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t)
+        acc[i % C][t] = _mm256_dpbusd_avx_epi32(acc[i % C][t], wv,
+                                                _mm256_set1_epi32(load_i32(xq + t * kBlockValues + 4 * i)));
+    }
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) sum[t] = C == 2 ? _mm256_add_epi32(acc[0][t], acc[C - 1][t]) : acc[0][t];
+#else
+    // |q| (unsigned, up to 128 for q = -128) times x sign(q) (|x| <= 127):
+    // pair sums stay within int16.
+    const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) sum[t] = _mm256_setzero_si256();
+    KVSERVE_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const __m256i q = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes)), flip);
+      const __m256i magnitude = _mm256_abs_epi8(q);
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const __m256i x = _mm256_set1_epi32(load_i32(xq + t * kBlockValues + 4 * i));
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, q));
+        sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+#endif
+  }
+};
+
+struct Q4Block {
+  static constexpr int64_t kBytes = kQ4Steps * kStepBytes;
+  template <int T>
+  static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#if defined(__AVXVNNI__)
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) sum[t] = _mm256_set1_epi32(-8 * xs[t]);
+    // Low and high nibbles are two chains already.
+    __m256i high[T];
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) high[t] = _mm256_setzero_si256();
+    KVSERVE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xt = xq + t * kBlockValues;
+        sum[t] = _mm256_dpbusd_avx_epi32(sum[t], lo, _mm256_set1_epi32(load_i32(xt + 4 * i)));
+        high[t] = _mm256_dpbusd_avx_epi32(high[t], hi, _mm256_set1_epi32(load_i32(xt + 16 + 4 * i)));
+      }
+    }
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) sum[t] = _mm256_add_epi32(sum[t], high[t]);
+#else
+    // Nibbles (0..15) times x: a pair is at most 2 * 15 * 127 = 3810, so a
+    // whole block's eight pair sums add up in int16 (30480) before one
+    // widening vpmaddwd.
+    __m256i pairs[T];
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) pairs[t] = _mm256_setzero_si256();
+    KVSERVE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xt = xq + t * kBlockValues;
+        const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xt + 4 * i)));
+        const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xt + 16 + 4 * i)));
+        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(a, b));
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t)
+      sum[t] = _mm256_add_epi32(_mm256_madd_epi16(pairs[t], ones), _mm256_set1_epi32(-8 * xs[t]));
+#endif
+  }
+};
+
+// Rows [8 g, 8 g + 8) for tokens [t0, t0 + T) of one tile.
+template <class B, int T>
+void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
+  const int64_t nb = w.blocks;
+  const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
+  const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
+  const size_t first = a.slot(t0, 0);
+  const int8_t* xq = a.qs.data() + first * kBlockValues;
+  const float* xd = a.d.data() + first;
+  const int32_t* xs = a.sum.data() + first;
+
+  __m256 out[T];
+  KVSERVE_UNROLL
+  for (int t = 0; t < T; ++t) out[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    KVSERVE_UNROLL
+    for (int64_t off = 0; off < B::kBytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wq + 8 * B::kBytes + off), _MM_HINT_T0);
+    __m256i sum[T];
+    B::template dot<T>(wq, xq, xs, sum);
+    const __m256 scale = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(wd)));
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t)
+      out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(xd[t])), out[t]);
+    wq += B::kBytes;
+    wd += kGroupRows;
+    xq += kTileTokens * kBlockValues;
+    xd += kTileTokens;
+    xs += kTileTokens;
+  }
+  const int64_t live = std::min<int64_t>(kGroupRows, w.rows - g * kGroupRows);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(live)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  KVSERVE_UNROLL
+  for (int t = 0; t < T; ++t) _mm256_maskstore_ps(y + (t0 + t) * w.rows + g * kGroupRows, mask, out[t]);
+}
+
+#endif  // AVX2
+
 template <int... Ts>
 void dispatch_tile(int tokens, const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0,
                    float* y, std::integer_sequence<int, Ts...>) {
@@ -192,9 +350,9 @@ void run_groups(const InterleavedWeights* const* ws, float* const* ys, const Act
     int64_t first = 0;  // global index of matrix m's group 0
     for (int64_t g = begin; g < end; ++g) {
       while (g >= first + ws[m]->groups) first += ws[m++]->groups;
-      for (int64_t t = c0; t < c1; t += kTileTokens) {
-        const int tokens = int(std::min<int64_t>(kTileTokens, c1 - t));
-        dispatch_tile(tokens, *ws[m], a, g - first, t, ys[m], std::make_integer_sequence<int, kTileTokens>{});
+      for (int64_t t = c0; t < c1; t += kCallTokens) {
+        const int tokens = int(std::min<int64_t>(kCallTokens, c1 - t));
+        dispatch_tile(tokens, *ws[m], a, g - first, t, ys[m], std::make_integer_sequence<int, kCallTokens>{});
       }
     }
   }
@@ -280,7 +438,7 @@ void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* 
   pool->parallel_chunks(groups, pool->chunk_size(groups, 1),
                         [&](int64_t begin, int64_t end, int) { run_groups(ws, ys, a, begin, end); });
 #else
-  fail("interleaved matmul: this build has no AVX-512 VNNI kernel");
+  fail("interleaved matmul: this build has no AVX-512 VNNI or AVX2 kernel");
 #endif
 }
 

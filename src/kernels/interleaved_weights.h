@@ -1,5 +1,5 @@
-// Q8_0 and Q4_0 weights re-laid for batched matmul on AVX-512 VNNI: 16 rows
-// side by side, one per 32-bit lane.
+// Q8_0 and Q4_0 weights re-laid for batched matmul: 16 rows side by side on
+// AVX-512 VNNI, 8 on AVX2 (with or without AVX-VNNI), one per 32-bit lane.
 //
 // Why: with rows in the checkpoint's layout, every (row, token, block) dot
 // product ends in its own convert, scale product and FMA: about four vector
@@ -7,6 +7,9 @@
 // With 16 rows in the lanes of one register, one vpdpbusd advances 16 rows by 4
 // values each against a broadcast of 4 activation bytes; a block's 8 of them
 // then share one convert, one scale product and one FMA for all 16 rows.
+// AVX2 has half the lanes, and without VNNI three instructions where
+// vpdpbusd takes one; the row-per-lane layout saves it the same per-row
+// converts, scale products and final horizontal sums.
 // llama.cpp repacks Q4_0 for its ARM and x86 GEMMs at load time for the same
 // reason. The copy replaces the checkpoint's pages in memory (Model releases
 // them), so weights still cost their checkpoint bytes once.
@@ -23,22 +26,26 @@ namespace kvserve {
 class ThreadPool;
 
 struct InterleavedWeights {
-  static constexpr int kRows = 16;  // rows per group: one per int32 lane
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  static constexpr int kRows = 16;  // rows per group: one per int32 lane of a 512-bit register
+#else
+  static constexpr int kRows = 8;  // ... of a 256-bit register
+#endif
   WeightType type = WeightType::Q8_0;  // Q8_0 or Q4_0
   int64_t rows = 0, cols = 0;
-  int64_t groups = 0;  // ceil(rows / 16); rows past `rows` are zero
+  int64_t groups = 0;  // ceil(rows / kRows); rows past `rows` are zero
   int64_t blocks = 0;  // cols / 32
-  // Per (group, block), steps of 16 rows x 4 bytes, all unsigned:
+  // Per (group, block), steps of kRows rows x 4 bytes, all unsigned:
   //   Q8_0: 8 steps; step i holds values 4i..4i+3 of each row as q + 128.
   //   Q4_0: 4 steps; step i holds bytes 4i..4i+3 of each row's 16 nibble
   //         bytes as stored (low nibble: value k, high: value k + 16; q + 8).
   AlignedBuffer<uint8_t> qs;
-  AlignedBuffer<uint16_t> d;  // (groups, blocks, 16 rows): fp16 scales
+  AlignedBuffer<uint16_t> d;  // (groups, blocks, kRows): fp16 scales
 
   size_t bytes() const { return qs.size() + d.size() * sizeof(uint16_t); }
 };
 
-// Whether this build has the interleaved kernel (AVX-512 with VNNI).
+// Whether this build has an interleaved kernel (AVX-512 with VNNI, or AVX2).
 bool interleaved_weights_supported();
 
 // A copy of w in the interleaved layout; null when w is not Q8_0/Q4_0 or the

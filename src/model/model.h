@@ -67,7 +67,7 @@ class Model {
  private:
   void load_gguf(const std::string& path);
   void load_llama2c(const std::string& path);
-  // Gives every Q8_0 projection its interleaved copy for the batched VNNI
+  // Gives every Q8_0/Q4_0 projection its interleaved copy for the batched
   // kernel (kernels/interleaved_weights.h) and releases the mapped pages it copied.
   // Skipped when the build lacks the kernel or KVSERVE_INTERLEAVE_WEIGHTS=0
   // (kept for A/B measurements).
