@@ -95,8 +95,12 @@ struct LayerSet {
   size_t k_bytes = 0, v_bytes = 0;  // one block, in bytes
   int n_blocks = 0;
   std::vector<AlignedBuffer<uint8_t>> copies;  // each (block, K then V) bytes
+  // With `planar`, copies hold the same blocks in head planes instead: all
+  // of K as (kv head, block) slices, then all of V so, so that one head's
+  // slices of consecutive blocks are adjacent (BM_PlanarPair).
+  bool planar = false;
 
-  LayerSet(int pair_index, int ctx) : pair(pair_index), n_ctx(ctx) {
+  LayerSet(int pair_index, int ctx, bool head_planes = false) : pair(pair_index), n_ctx(ctx), planar(head_planes) {
     const CodecPair& p = codec_pairs()[size_t(pair_index)];
     block = p.block;
     const KvBlockShape shape{block, kKvHeads, kHeadDim};
@@ -121,12 +125,35 @@ struct LayerSet {
     const size_t count = std::max<size_t>(2, (working_set_bytes() + layer_bytes - 1) / layer_bytes);
     for (size_t c = 0; c < count; ++c) {
       AlignedBuffer<uint8_t> buf(layer_bytes);
-      for (int b = 0; b < n_blocks; ++b)
-        std::memcpy(buf.data() + size_t(b) * (k_bytes + v_bytes),
-                    distinct.data() + size_t((b + c) % kDistinctBlocks) * (k_bytes + v_bytes), k_bytes + v_bytes);
+      for (int b = 0; b < n_blocks; ++b) {
+        const uint8_t* src = distinct.data() + size_t((b + c) % kDistinctBlocks) * (k_bytes + v_bytes);
+        if (!planar) {
+          std::memcpy(buf.data() + size_t(b) * (k_bytes + v_bytes), src, k_bytes + v_bytes);
+          continue;
+        }
+        for (int h = 0; h < kKvHeads; ++h) {
+          std::memcpy(k_at(buf.data(), b, h) + h * head_k(), src + h * head_k(), head_k());
+          std::memcpy(v_at(buf.data(), b, h) + h * head_v(), src + k_bytes + h * head_v(), head_v());
+        }
+      }
       copies.push_back(std::move(buf));
     }
   }
+
+  // A head's share of a block's K (V) bytes: head-major codecs only.
+  size_t head_k() const { return k_bytes / kKvHeads; }
+  size_t head_v() const { return v_bytes / kKvHeads; }
+  // The block pointer the codecs take for block b when reading KV head h:
+  // they add h * head_k() (head_v()) to it.
+  const uint8_t* k_at(const uint8_t* arena, int b, int h) const {
+    return planar ? arena + (size_t(h) * (n_blocks - 1) + size_t(b)) * head_k() : arena + size_t(b) * (k_bytes + v_bytes);
+  }
+  const uint8_t* v_at(const uint8_t* arena, int b, int h) const {
+    return planar ? arena + size_t(n_blocks) * k_bytes + (size_t(h) * (n_blocks - 1) + size_t(b)) * head_v()
+                  : arena + size_t(b) * (k_bytes + v_bytes) + k_bytes;
+  }
+  uint8_t* k_at(uint8_t* arena, int b, int h) const { return const_cast<uint8_t*>(k_at(static_cast<const uint8_t*>(arena), b, h)); }
+  uint8_t* v_at(uint8_t* arena, int b, int h) const { return const_cast<uint8_t*>(v_at(static_cast<const uint8_t*>(arena), b, h)); }
 };
 
 // Keeps only the most recent set alive so benchmarks do not pile up memory.
@@ -145,18 +172,17 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
                  float* out, const KvCodec* v_codec = nullptr) {
   const KvCodec& v = v_codec != nullptr ? *v_codec : *set.v;
   const int stride = set.n_blocks * set.block;
-  const size_t block_step = set.k_bytes + set.v_bytes;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   HeadSlicePrefetch prefetch_k(kv_head, set.n_blocks, [&](int32_t i) {
-    return KvBlockView{set.k.get(), arena + size_t(i) * block_step};
+    return KvBlockView{set.k.get(), set.k_at(arena, i, kv_head)};
   });
   HeadSlicePrefetch prefetch_v(kv_head, set.n_blocks, [&](int32_t i) {
-    return KvBlockView{&v, arena + size_t(i) * block_step + set.k_bytes};
+    return KvBlockView{&v, set.v_at(arena, i, kv_head)};
   });
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(set.block, set.n_ctx - b * set.block);
     prefetch_k.before(b);
-    set.k->score(q, kGroup, arena + size_t(b) * block_step, n, kv_head, scale, scores + b * set.block, stride);
+    set.k->score(q, kGroup, set.k_at(arena, b, kv_head), n, kv_head, scale, scores + b * set.block, stride);
   }
   float inv_sum[kGroup];  // unnormalized weights, as attend_kv_head
   for (int i = 0; i < kGroup; ++i) inv_sum[i] = 1.0f / exp_shifted(scores + size_t(i) * stride, set.n_ctx);
@@ -164,7 +190,7 @@ void attend_head(const LayerSet& set, const uint8_t* arena, int kv_head, const f
   for (int b = 0; b < set.n_blocks; ++b) {
     const int n = std::min(set.block, set.n_ctx - b * set.block);
     prefetch_v.before(b);
-    v.accumulate(scores + b * set.block, kGroup, stride, arena + size_t(b) * block_step + set.k_bytes, n, kv_head, out);
+    v.accumulate(scores + b * set.block, kGroup, stride, set.v_at(arena, b, kv_head), n, kv_head, out);
   }
   for (int i = 0; i < kGroup; ++i)
     for (int d = 0; d < kHeadDim; ++d) out[i * kHeadDim + d] *= inv_sum[i];
@@ -287,6 +313,47 @@ BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({9, 12, 4096})->Args
 // FP8 (E4M3) against FP16, both in 16-token blocks.
 BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({1, 15, 4096})->Args({1, 15, 16384})->Iterations(200);
 
+// The cache's arena (per block: K of every head, then V) against head planes
+// (LayerSet::planar: a head's slices of consecutive blocks adjacent), one
+// codec pair, 2 threads splitting the heads as decode does; the layers
+// alternate in one process. Reports each one's median layer time and
+// planar / blocks. What a head-planar arena would buy decode attention
+// (BENCHMARKS.md, "What FP16 attention reads at").
+void BM_PlanarPair(benchmark::State& state) {
+  const int pair = int(state.range(0)), n_ctx = int(state.range(1));
+  const LayerSet sets[2] = {LayerSet(pair, n_ctx), LayerSet(pair, n_ctx, true)};
+  ThreadPool pool(2);
+  const std::vector<float> q = random_queries();
+  std::vector<float> out(q.size());
+  const size_t stride = size_t(sets[0].n_blocks) * sets[0].block;
+  std::vector<std::vector<float>> scores(2, std::vector<float>(kGroup * stride));
+  std::vector<double> seconds[2];
+  size_t layer = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < 2; ++i) {
+      const int w = (layer % 2 == 0) ? i : 1 - i;  // the order flips every round
+      const LayerSet& set = sets[w];
+      const uint8_t* arena = set.copies[layer % set.copies.size()].data();
+      const auto t0 = std::chrono::steady_clock::now();
+      pool.parallel_for(kKvHeads, 1, [&](int64_t begin, int64_t end, int t) {
+        for (int64_t h = begin; h < end; ++h)
+          attend_head(set, arena, int(h), q.data() + size_t(h) * kGroup * kHeadDim, scores[size_t(t)].data(),
+                      out.data() + size_t(h) * kGroup * kHeadDim);
+      });
+      seconds[w].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      benchmark::DoNotOptimize(out.data());
+    }
+    ++layer;
+  }
+  const double blocks = median(seconds[0]), planes = median(seconds[1]);
+  state.counters["blocks_us"] = blocks * 1e6;
+  state.counters["planes_us"] = planes * 1e6;
+  state.counters["planes_over_blocks"] = planes / blocks;
+  state.SetLabel(codec_pairs()[size_t(pair)].name);
+}
+BENCHMARK(BM_PlanarPair)->ArgNames({"codec", "ctx"})->Args({1, 16384})->Args({12, 16384})->Args({15, 16384})
+    ->Args({3, 16384})->Iterations(200)->UseRealTime();
+
 void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "ctx", "threads"});
   for (int64_t ctx : {16384, 4096, 1024, 512})
@@ -306,6 +373,46 @@ void BM_MemoryRead(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
 }
 BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+// The read pattern of decode attention without its arithmetic: a 1 GiB
+// arena of blocks, each `slices` slices of `slice` bytes (a KV head's K or V
+// in one block: FP16 in 16-token blocks is 2048 bytes, 16 slices of K and
+// V), and 2 threads that each walk half the slices, one slice through every
+// block before the next, hinting (prefetcht1) the slice `ahead` blocks on
+// (0: no hints). Against BM_MemoryRead/threads:2 it shows what this host
+// gives scattered 2 KB runs (BENCHMARKS.md, "What FP16 attention reads at").
+void BM_HeadSliceRead(benchmark::State& state) {
+  const size_t slice = size_t(state.range(0)), slices = size_t(state.range(1));
+  const int64_t ahead = state.range(2);
+  const size_t block = slice * slices, blocks = (size_t(1) << 30) / block;
+  static AlignedBuffer<float> arena((size_t(1) << 30) / sizeof(float));  // zeroed: every page mapped
+  const char* base = reinterpret_cast<const char*>(arena.data());
+  ThreadPool pool(2);
+  std::vector<float> sinks(2 * 16);
+  for (auto _ : state) {
+    pool.parallel_for(int64_t(slices), 1, [&](int64_t begin, int64_t end, int thread) {
+      float sum = 0;
+      for (int64_t h = begin; h < end; ++h)
+        for (size_t b = 0; b < blocks; ++b) {
+          const char* p = base + b * block + size_t(h) * slice;
+          if (ahead > 0 && b + size_t(ahead) < blocks)
+            for (size_t off = 0; off < slice; off += 64) _mm_prefetch(p + size_t(ahead) * block + off, _MM_HINT_T1);
+          sum += sum_floats(reinterpret_cast<const float*>(p), int64_t(slice / sizeof(float)));
+        }
+      sinks[size_t(thread) * 16] += sum;
+    });
+    benchmark::DoNotOptimize(sinks.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(blocks * block));
+}
+BENCHMARK(BM_HeadSliceRead)
+    ->ArgNames({"slice", "slices", "ahead"})
+    ->Args({2048, 16, 0})
+    ->Args({2048, 16, 4})
+    ->Args({2176, 16, 4})    // int4-small's K or V slice (64 tokens, 8-bit scales)
+    ->Args({131072, 16, 0})  // 128 KiB runs
+    ->Args({int64_t(1) << 26, 16, 0})  // 64 MiB runs: nearly sequential
+    ->UseRealTime();
 
 #if defined(__AVX512VNNI__)
 // What one core can issue: the clock (a chain of dependent scalar adds, one
