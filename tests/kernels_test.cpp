@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -115,6 +116,28 @@ TEST(QuantizeQ8, ErrorAtMostHalfAStepAndPaddingZero) {
     EXPECT_EQ(q.row_d(t)[3], 0.0f);
     for (int j = 0; j < 32; ++j) EXPECT_EQ(q.row_qs(t)[3 * 32 + j], 0);
   }
+}
+
+// The integer kernels rely on q != -128 (AVX2 multiplies |w| by q sign(w)),
+// so no input may produce it: extremes, NaN, infinities, subnormals.
+TEST(QuantizeQ8, NeverWritesMinus128) {
+  const float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
+  const float tiny = std::numeric_limits<float>::denorm_min(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> specials = {
+      {-1.0f, 1.0f}, {-big, big}, {-big, 1.0f}, {-inf, 1.0f}, {inf, -inf}, {nan, -1.0f}, {-tiny, tiny},
+      {-tiny, 0.0f}, {-1e-38f, 1e-45f}, {-127.5f, 127.0f}, {-3.0e38f, -2.9e38f}};
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> pick(0, 31);
+  for (const auto& values : specials)
+    for (int trial = 0; trial < 64; ++trial) {
+      float x[32];
+      for (float& v : x) v = values[size_t(pick(rng)) % values.size()];
+      x[pick(rng)] = values[0];  // the first value is always in the block
+      alignas(64) int8_t q[32];
+      float d = 0;
+      quantize_block_q8(x, q, &d);
+      for (int j = 0; j < 32; ++j) ASSERT_GE(int(q[j]), -127) << "input " << x[j] << " trial " << trial;
+    }
 }
 
 // ---- Matmul ----
@@ -331,6 +354,47 @@ TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
     double abs_sum = 0;
     for (int64_t k = 0; k < cols; ++k) abs_sum += std::fabs(double(row[size_t(k)]) * x[size_t(t * cols + k)]);
     EXPECT_NEAR(got[i], want[i], 1e-6 * abs_sum) << "i=" << i;
+  }
+}
+
+// The kernels' 16-bit partial sums at their largest: Q8_0 q = -128 and 127,
+// Q4_0 nibbles of 15 (q = 7), against x = +-127 of one sign, and against
+// alternating signs, through the interleaved copy and the checkpoint layout.
+// Integer activations with max |x| = 127 quantize exactly, so the result
+// must equal the reference to float rounding.
+TEST_P(MatmulInterleaved, ExactAtTheLargestPartialSums) {
+  const WeightType type = GetParam();
+  const int64_t rows = 19, cols = 128, n = 6;
+  TestMatrix m{type, rows, cols, std::vector<uint8_t>(weight_row_bytes(type, cols) * size_t(rows))};
+  const size_t block_bytes = type == WeightType::Q8_0 ? 34 : 18;
+  for (size_t b = 0; b < m.bytes.size() / block_bytes; ++b) {
+    put_fp16(m.bytes, b * block_bytes, 1.0f);
+    // Q8_0: q = -128 in even rows, 127 in odd ones (the largest |q| and the
+    // largest q + 128); Q4_0: every nibble 15 in odd blocks, 0 (q = -8) in even ones.
+    const bool odd_row = (b / size_t(cols / 32)) % 2 == 1;
+    const uint8_t fill = type == WeightType::Q8_0 ? (odd_row ? 0x7F : 0x80) : (b % 2 ? 0xFF : 0x00);
+    std::memset(m.bytes.data() + b * block_bytes + 2, fill, block_bytes - 2);
+  }
+  std::vector<float> x(size_t(n * cols));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t k = 0; k < cols; ++k)
+      x[size_t(t * cols + k)] = t == 0 ? 127.0f : t == 1 ? -127.0f : t == 2 ? (k % 2 ? 127.0f : -127.0f)
+                                                                    : float((t * 37 + k * 11) % 255 - 127);
+  for (int64_t t = 3; t < n; ++t) x[size_t(t * cols)] = 127.0f;  // max |x| = 127 in each row's first block
+  for (int64_t t = 3; t < n; ++t)
+    for (int64_t b = 1; b < cols / 32; ++b) x[size_t(t * cols + b * 32)] = -127.0f;
+  std::vector<float> want(size_t(n * rows));
+  matmul_reference(m.view(), x.data(), want.data(), n);
+  for (bool interleave : {false, true}) {
+    if (interleave && !interleaved_weights_supported()) continue;
+    const auto packed = interleave ? make_interleaved(m.view()) : nullptr;
+    WeightMatrix w = m.view();
+    w.interleaved = packed.get();
+    std::vector<float> got(size_t(n * rows), NAN);
+    matmul(w, x.data(), got.data(), n, nullptr);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-3)
+          << weight_type_name(type) << (interleave ? " interleaved" : "") << " i=" << i;
   }
 }
 

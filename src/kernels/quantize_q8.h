@@ -26,6 +26,8 @@ struct QuantizedRows {
 };
 
 // One block of 32 values: q = round(x / d), d = max|x| / 127 (0 for a zero block).
+// Every q is in [-127, 127], whatever x holds (NaN, infinities, subnormals):
+// the AVX2 matmul kernels multiply |w| by q sign(w) and rely on it.
 void quantize_block_q8(const float* x, int8_t* q, float* d);
 
 // Quantizes x: (n, cols) floats into out, reusing out's buffers when they are
