@@ -4,7 +4,9 @@
 # and runs every test against that build. Where this CPU has AVX-VNNI (Intel
 # since Alder Lake, AMD since Zen 4), it does the same for AVX2 with AVX-VNNI
 # (build-avx2-vnni/: the 256-bit vpdpbusd/vpdpwssd kernels that native builds
-# on such AVX2 machines compile). CI runs it after scripts/test.sh.
+# on such AVX2 machines compile). Last, AVX-512 without VNNI (Skylake-SP:
+# build-avx512-novnni/), whose integer paths and 256-bit interleaved matmul
+# no other build compiles. CI runs it after scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -36,4 +38,17 @@ if grep -qw avx_vnni /proc/cpuinfo; then
   ctest --test-dir build-avx2-vnni --output-on-failure -j"$(nproc)"
 else
   echo "no AVX-VNNI on this CPU: build-avx2-vnni skipped"
+fi
+
+if grep -qw avx512bw /proc/cpuinfo; then
+  cmake -S . -B build-avx512-novnni -DCMAKE_BUILD_TYPE=Release -DKVSERVE_NATIVE=OFF \
+    -DCMAKE_CXX_FLAGS="-march=skylake-avx512" > /dev/null
+  cmake --build build-avx512-novnni -j"$(nproc)"
+  if ! disassembly_has build-avx512-novnni/kvserve zmm || disassembly_has build-avx512-novnni/kvserve vpdpbusd; then
+    echo "build-avx512-novnni/kvserve: expected AVX-512 registers and no VNNI" >&2
+    exit 1
+  fi
+  ctest --test-dir build-avx512-novnni --output-on-failure -j"$(nproc)"
+else
+  echo "no AVX-512 on this CPU: build-avx512-novnni skipped"
 fi
