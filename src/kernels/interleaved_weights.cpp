@@ -113,6 +113,34 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// One kernel call's place, block by block: group g's weights and scales, and
+// the activations of tokens [t0, ...) in their tile. next() moves all five
+// to the following block.
+template <class B>
+struct BlockCursor {
+  const uint8_t* wq;
+  const uint16_t* wd;
+  const int8_t* xq;
+  const float* xd;
+  const int32_t* xs;
+
+  BlockCursor(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0) {
+    const size_t first = a.slot(t0, 0);
+    wq = w.qs.data() + size_t(g * w.blocks * B::kBytes);
+    wd = w.d.data() + size_t(g * w.blocks * kGroupRows);
+    xq = a.qs.data() + first * kBlockValues;
+    xd = a.d.data() + first;
+    xs = a.sum.data() + first;
+  }
+  void next() {
+    wq += B::kBytes;
+    wd += kGroupRows;
+    xq += kTileTokens * kBlockValues;
+    xd += kTileTokens;
+    xs += kTileTokens;
+  }
+};
+
 #if defined(KVSERVE_INTERLEAVED_512)
 
 // The unsigned weight vectors of one block in value order: vector i holds
@@ -143,30 +171,23 @@ struct Q4Block {
 // Rows [16 g, 16 g + 16) for tokens [t0, t0 + T) of one tile.
 template <class B, int T>
 void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
-  const int64_t nb = w.blocks;
-  const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
-  const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
-  const size_t first = a.slot(t0, 0);
-  const int8_t* xq = a.qs.data() + first * kBlockValues;
-  const float* xd = a.d.data() + first;
-  const int32_t* xs = a.sum.data() + first;
-
+  BlockCursor<B> c(w, a, g, t0);
   __m512 out[T];
   KVSERVE_UNROLL
   for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < w.blocks; ++b) {
     // Eight blocks ahead: the group's weights are one sequential stream.
     KVSERVE_UNROLL
     for (int64_t off = 0; off < B::kBytes; off += kStepBytes)
-      _mm_prefetch(reinterpret_cast<const char*>(wq + 8 * B::kBytes + off), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c.wq + 8 * B::kBytes + off), _MM_HINT_T0);
     __m512i wv[8];
-    B::load(wq, wv);
-    const __m512 scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(wd)));
+    B::load(c.wq, wv);
+    const __m512 scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(c.wd)));
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) {
-      const int8_t* xt = xq + t * kBlockValues;
+      const int8_t* xt = c.xq + t * kBlockValues;
       // Two chains of four halve the dependent vpdpbusd latency per token.
-      __m512i s0 = _mm512_set1_epi32(-B::kOffset * xs[t]);
+      __m512i s0 = _mm512_set1_epi32(-B::kOffset * c.xs[t]);
       __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(load_i32(xt + 4)));
       s0 = _mm512_dpbusd_epi32(s0, wv[0], _mm512_set1_epi32(load_i32(xt)));
       KVSERVE_UNROLL
@@ -175,13 +196,9 @@ void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g
         s1 = _mm512_dpbusd_epi32(s1, wv[i + 1], _mm512_set1_epi32(load_i32(xt + 4 * i + 4)));
       }
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-      out[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(xd[t])), out[t]);
+      out[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(c.xd[t])), out[t]);
     }
-    wq += B::kBytes;
-    wd += kGroupRows;
-    xq += kTileTokens * kBlockValues;
-    xd += kTileTokens;
-    xs += kTileTokens;
+    c.next();
   }
   const int64_t live = std::min<int64_t>(kGroupRows, w.rows - g * kGroupRows);
   const __mmask16 mask = __mmask16((1u << live) - 1);
@@ -200,9 +217,9 @@ struct Q8Block {
   template <int T>
   static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
 #if defined(__AVXVNNI__)
-    // A token's chain of 8 dependent vpdpbusd would set the pace (4 tokens'
-    // chains keep fewer in flight than the core issues): even and odd steps
-    // take separate chains.
+    // A token's chain of 8 dependent vpdpbusd would set the pace of a call
+    // with few tokens (decode's one): below 4, even and odd steps take
+    // separate chains. (At 4 tokens two chains measured the same.)
     constexpr int C = T < 4 ? 2 : 1;
     __m256i acc[C][T];
     KVSERVE_UNROLL
@@ -296,34 +313,23 @@ struct Q4Block {
 // Rows [8 g, 8 g + 8) for tokens [t0, t0 + T) of one tile.
 template <class B, int T>
 void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0, float* y) {
-  const int64_t nb = w.blocks;
-  const uint8_t* wq = w.qs.data() + size_t(g * nb * B::kBytes);
-  const uint16_t* wd = w.d.data() + size_t(g * nb * kGroupRows);
-  const size_t first = a.slot(t0, 0);
-  const int8_t* xq = a.qs.data() + first * kBlockValues;
-  const float* xd = a.d.data() + first;
-  const int32_t* xs = a.sum.data() + first;
-
+  BlockCursor<B> c(w, a, g, t0);
   __m256 out[T];
   KVSERVE_UNROLL
   for (int t = 0; t < T; ++t) out[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < w.blocks; ++b) {
     // Sixteen blocks ahead: the 512-bit kernel's distance in bytes (8 of
     // its blocks). Decode (one token, from DRAM) took 2-6% longer with 8.
     KVSERVE_UNROLL
     for (int64_t off = 0; off < B::kBytes; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(wq + 16 * B::kBytes + off), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c.wq + 16 * B::kBytes + off), _MM_HINT_T0);
     __m256i sum[T];
-    B::template dot<T>(wq, xq, xs, sum);
-    const __m256 scale = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(wd)));
+    B::template dot<T>(c.wq, c.xq, c.xs, sum);
+    const __m256 scale = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(c.wd)));
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t)
-      out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(xd[t])), out[t]);
-    wq += B::kBytes;
-    wd += kGroupRows;
-    xq += kTileTokens * kBlockValues;
-    xd += kTileTokens;
-    xs += kTileTokens;
+      out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(c.xd[t])), out[t]);
+    c.next();
   }
   const int64_t live = std::min<int64_t>(kGroupRows, w.rows - g * kGroupRows);
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(live)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
