@@ -260,16 +260,12 @@ struct Q8Block {
 
 struct Q4Block {
   static constexpr int64_t kBytes = kQ4Steps * kStepBytes;
-  template <int T>
-  static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
+  // Calls meet(t, lo, hi, x_lo, x_hi) for each step and token: step i's low
+  // nibbles (values 4i..4i+3 of each row) and high ones (16+4i..), and the
+  // token's four activation bytes for each, broadcast.
+  template <int T, class Meet>
+  static void for_each_step(const uint8_t* p, const int8_t* xq, Meet&& meet) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-#if defined(__AVXVNNI__)
-    KVSERVE_UNROLL
-    for (int t = 0; t < T; ++t) sum[t] = _mm256_set1_epi32(-8 * xs[t]);
-    // Low and high nibbles are two chains already.
-    __m256i high[T];
-    KVSERVE_UNROLL
-    for (int t = 0; t < T; ++t) high[t] = _mm256_setzero_si256();
     KVSERVE_UNROLL
     for (int i = 0; i < 4; ++i) {
       const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes));
@@ -277,10 +273,24 @@ struct Q4Block {
       KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
         const int8_t* xt = xq + t * kBlockValues;
-        sum[t] = _mm256_dpbusd_avx_epi32(sum[t], lo, _mm256_set1_epi32(load_i32(xt + 4 * i)));
-        high[t] = _mm256_dpbusd_avx_epi32(high[t], hi, _mm256_set1_epi32(load_i32(xt + 16 + 4 * i)));
+        meet(t, lo, hi, _mm256_set1_epi32(load_i32(xt + 4 * i)), _mm256_set1_epi32(load_i32(xt + 16 + 4 * i)));
       }
     }
+  }
+  template <int T>
+  static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
+#if defined(__AVXVNNI__)
+    // Low and high nibbles are two chains already.
+    __m256i high[T];
+    KVSERVE_UNROLL
+    for (int t = 0; t < T; ++t) {
+      sum[t] = _mm256_set1_epi32(-8 * xs[t]);
+      high[t] = _mm256_setzero_si256();
+    }
+    for_each_step<T>(p, xq, [&](int t, __m256i lo, __m256i hi, __m256i x_lo, __m256i x_hi) {
+      sum[t] = _mm256_dpbusd_avx_epi32(sum[t], lo, x_lo);
+      high[t] = _mm256_dpbusd_avx_epi32(high[t], hi, x_hi);
+    });
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) sum[t] = _mm256_add_epi32(sum[t], high[t]);
 #else
@@ -290,18 +300,9 @@ struct Q4Block {
     __m256i pairs[T];
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) pairs[t] = _mm256_setzero_si256();
-    KVSERVE_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * kStepBytes));
-      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      KVSERVE_UNROLL
-      for (int t = 0; t < T; ++t) {
-        const int8_t* xt = xq + t * kBlockValues;
-        const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xt + 4 * i)));
-        const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xt + 16 + 4 * i)));
-        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(a, b));
-      }
-    }
+    for_each_step<T>(p, xq, [&](int t, __m256i lo, __m256i hi, __m256i x_lo, __m256i x_hi) {
+      pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi)));
+    });
     const __m256i ones = _mm256_set1_epi16(1);
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t)
