@@ -132,8 +132,8 @@ struct LayerSet {
           continue;
         }
         for (int h = 0; h < kKvHeads; ++h) {
-          std::memcpy(k_at(buf.data(), b, h) + h * head_k(), src + h * head_k(), head_k());
-          std::memcpy(v_at(buf.data(), b, h) + h * head_v(), src + k_bytes + h * head_v(), head_v());
+          std::memcpy(buf.data() + k_offset(b, h) + h * head_k(), src + h * head_k(), head_k());
+          std::memcpy(buf.data() + v_offset(b, h) + h * head_v(), src + k_bytes + h * head_v(), head_v());
         }
       }
       copies.push_back(std::move(buf));
@@ -143,17 +143,17 @@ struct LayerSet {
   // A head's share of a block's K (V) bytes: head-major codecs only.
   size_t head_k() const { return k_bytes / kKvHeads; }
   size_t head_v() const { return v_bytes / kKvHeads; }
-  // The block pointer the codecs take for block b when reading KV head h:
-  // they add h * head_k() (head_v()) to it.
-  const uint8_t* k_at(const uint8_t* arena, int b, int h) const {
-    return planar ? arena + (size_t(h) * (n_blocks - 1) + size_t(b)) * head_k() : arena + size_t(b) * (k_bytes + v_bytes);
+  // Where, from the arena's start, the codecs' block pointer for block b's K
+  // (V) lies when they read KV head h: they add h * head_k() (head_v()) to it.
+  size_t k_offset(int b, int h) const {
+    return planar ? (size_t(h) * (n_blocks - 1) + size_t(b)) * head_k() : size_t(b) * (k_bytes + v_bytes);
   }
-  const uint8_t* v_at(const uint8_t* arena, int b, int h) const {
-    return planar ? arena + size_t(n_blocks) * k_bytes + (size_t(h) * (n_blocks - 1) + size_t(b)) * head_v()
-                  : arena + size_t(b) * (k_bytes + v_bytes) + k_bytes;
+  size_t v_offset(int b, int h) const {
+    return planar ? size_t(n_blocks) * k_bytes + (size_t(h) * (n_blocks - 1) + size_t(b)) * head_v()
+                  : size_t(b) * (k_bytes + v_bytes) + k_bytes;
   }
-  uint8_t* k_at(uint8_t* arena, int b, int h) const { return const_cast<uint8_t*>(k_at(static_cast<const uint8_t*>(arena), b, h)); }
-  uint8_t* v_at(uint8_t* arena, int b, int h) const { return const_cast<uint8_t*>(v_at(static_cast<const uint8_t*>(arena), b, h)); }
+  const uint8_t* k_at(const uint8_t* arena, int b, int h) const { return arena + k_offset(b, h); }
+  const uint8_t* v_at(const uint8_t* arena, int b, int h) const { return arena + v_offset(b, h); }
 };
 
 // Keeps only the most recent set alive so benchmarks do not pile up memory.
@@ -322,11 +322,25 @@ BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({1, 15, 4096})->Args
 void BM_PlanarPair(benchmark::State& state) {
   const int pair = int(state.range(0)), n_ctx = int(state.range(1));
   const LayerSet sets[2] = {LayerSet(pair, n_ctx), LayerSet(pair, n_ctx, true)};
+  if (sets[0].k->shared_bytes().size != 0 || sets[0].v->shared_bytes().size != 0 || sets[0].k_bytes % kKvHeads != 0 ||
+      sets[0].v_bytes % kKvHeads != 0) {
+    state.SkipWithError("head planes need head-major codecs without shared bytes");
+    return;
+  }
   ThreadPool pool(2);
   const std::vector<float> q = random_queries();
   std::vector<float> out(q.size());
   const size_t stride = size_t(sets[0].n_blocks) * sets[0].block;
   std::vector<std::vector<float>> scores(2, std::vector<float>(kGroup * stride));
+  {  // Same blocks, same kernels: the planes must give the same layer, bit for bit.
+    std::vector<float> planes_out(q.size());
+    time_layer(sets[0], sets[0].copies[0].data(), q, scores[0].data(), out);
+    time_layer(sets[1], sets[1].copies[0].data(), q, scores[0].data(), planes_out);
+    if (std::memcmp(out.data(), planes_out.data(), out.size() * sizeof(float)) != 0) {
+      state.SkipWithError("the head planes read other bytes than the blocks");
+      return;
+    }
+  }
   std::vector<double> seconds[2];
   size_t layer = 0;
   for (auto _ : state) {
@@ -378,8 +392,9 @@ BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 // arena of blocks, each `slices` slices of `slice` bytes (a KV head's K or V
 // in one block: FP16 in 16-token blocks is 2048 bytes, 16 slices of K and
 // V), and 2 threads that each walk half the slices, one slice through every
-// block before the next, hinting (prefetcht1) the slice `ahead` blocks on
-// (0: no hints). Against BM_MemoryRead/threads:2 it shows what this host
+// block before the next, hinting (prefetcht1) the whole slice `ahead`
+// blocks on (0: no hints; attention spreads each slice's hints over two
+// blocks, HeadSlicePrefetch). Against BM_MemoryRead/threads:2 it shows what this host
 // gives scattered 2 KB runs (BENCHMARKS.md, "What FP16 attention reads at").
 void BM_HeadSliceRead(benchmark::State& state) {
   const size_t slice = size_t(state.range(0)), slices = size_t(state.range(1));
