@@ -33,10 +33,10 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView kb = cache.k_view(layer, table, b, n_ctx);
     if (cache.k_pre_rope(layer) || channel_query_steps(kb.codec->config(), kb.codec->shape()) != 127) continue;
-    kb.codec->score(q, group, kb.head(kv_head), n, kv_head, scale, s.data(), bs);
+    kb.codec->score(q, group, kb.data, n, kv_head, scale, s.data(), bs);
     double max_k = 0;
     for (int t = 0; t < n; ++t) {
-      kb.decode_token(t, keys.data() + size_t(t) * kv_dim);
+      kb.codec->decode_token(kb.data, t, keys.data() + size_t(t) * kv_dim);
       for (int d = 0; d < head_dim; ++d)
         max_k = std::max(max_k, std::fabs(double(keys[size_t(t) * kv_dim + size_t(kv_head * head_dim + d)])));
     }
@@ -66,7 +66,7 @@ inline double max_value(const KvCache& cache, int layer, const BlockTable& table
   double top = 0;
   for (int32_t t = 0; t < n_ctx; ++t) {
     const KvBlockView vb = cache.v_view(layer, table, t / bs, n_ctx);
-    vb.decode_token(t % bs, v.data());
+    vb.codec->decode_token(vb.data, t % bs, v.data());
     for (int d = 0; d < head_dim; ++d) top = std::max(top, std::fabs(double(v[size_t(kv_head * head_dim + d)])));
   }
   return top;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "kernels/rope_table.h"
@@ -748,60 +747,6 @@ TEST(KvCodec, HeadMajorBlocksKeepEachHeadInItsSlice) {
       EXPECT_TRUE(any) << name(c) << " head " << h;
     }
   }
-}
-
-// Head runs (kv/kv_cache.h) hand a head-sliced codec one pointer per KV
-// head, through which the other heads' slices are other blocks' bytes:
-// every read for head h must stay inside slice h. Garbage in every other
-// slice leaves head h's scores, weighted sums and decoded rows the same, bit
-// for bit. Exactly the layouts that mix heads (groups spanning heads, part-
-// byte heads, q4_0 blocks crossing heads, bytes shared by all heads) say
-// they are not sliced.
-TEST(KvCodec, HeadSlicedCodecsReadOnlyTheirHeadsSlice) {
-  std::vector<Case> cases = all_cases();
-  for (const Case& c : model_cases()) cases.push_back(c);
-  KvCodecConfig outliers{KvDType::INT4, KvGrouping::Token, 0, {}, {}};
-  outliers.outliers = 2;  // entries every head reads (shared_bytes)
-  cases.push_back({outliers, KvBlockShape{16, 2, 64}});
-  int sliced = 0;
-  for (const Case& c : cases) {
-    auto codec = make_kv_codec(c.config, c.shape);
-    const int hd = c.shape.head_dim, heads = c.shape.n_kv_heads, bs = c.shape.block_size;
-    const int group = c.config.group_size == 0 ? hd : c.config.group_size;
-    const bool mixes_heads =
-        codec->shared_bytes().size > 0 || hd * kv_dtype_bits(c.config.dtype) % 8 != 0 ||
-        (c.config.dtype == KvDType::Q4_0 && hd % 32 != 0) ||
-        (kv_dtype_is_affine(c.config.dtype) && !c.config.is_static() && c.config.grouping == KvGrouping::Token &&
-         (group > hd || hd % group != 0));
-    ASSERT_EQ(codec->head_sliced(), !mixes_heads) << name(c);
-    if (mixes_heads) continue;
-    ++sliced;
-    const size_t slice = codec->block_bytes() / size_t(heads);
-    const std::vector<float> x = sample_rows(bs, c.shape.kv_dim(), 21);
-    std::vector<uint8_t> block(codec->block_bytes());
-    codec->encode_block(block.data(), x.data(), bs);
-    constexpr int kQueries = 2;
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-    std::vector<float> q(size_t(kQueries) * hd), w(size_t(kQueries) * bs);
-    for (auto& e : q) e = uniform(rng) - 0.5f;
-    for (auto& e : w) e = uniform(rng);
-    for (int h = 0; h < heads; ++h) {
-      std::vector<uint8_t> garbled = block;
-      for (size_t i = 0; i < garbled.size(); ++i)
-        if (i / slice != size_t(h)) garbled[i] = uint8_t(rng());
-      auto run = [&](const uint8_t* b) {
-        std::vector<float> out(size_t(kQueries) * bs + size_t(kQueries) * hd + size_t(bs) * hd, 0.0f);
-        codec->score(q.data(), kQueries, b, bs, h, 0.125f, out.data(), bs);
-        codec->accumulate(w.data(), kQueries, bs, b, bs, h, out.data() + size_t(kQueries) * bs);
-        codec->decode_head(b, bs, h, out.data() + size_t(kQueries) * (bs + hd));
-        return out;
-      };
-      const std::vector<float> clean = run(block.data()), dirty = run(garbled.data());
-      ASSERT_EQ(std::memcmp(clean.data(), dirty.data(), clean.size() * sizeof(float)), 0) << name(c) << " head " << h;
-    }
-  }
-  EXPECT_GE(sliced, 40);
 }
 
 // decode_head (prefill tiles' float path) gives a head's slice of

@@ -55,7 +55,7 @@ std::vector<float> decoded(const KvCache& cache, const BlockTable& t, int layer,
   const KvBlockView view = key ? cache.k_view(layer, t, slot / bs, t.num_tokens)
                                : cache.v_view(layer, t, slot / bs, t.num_tokens);
   std::vector<float> out(static_cast<size_t>(view.codec->shape().kv_dim()));
-  view.decode_token(slot % bs, out.data());
+  view.codec->decode_token(view.data, slot % bs, out.data());
   return out;
 }
 

@@ -49,7 +49,7 @@ void fill(KvCache& cache, BlockTable& t, int32_t n, float offset = 0.0f) {
 float key_at(const KvCache& cache, const BlockTable& t, int layer, int32_t pos) {
   const KvBlockView view = cache.k_view(layer, t, pos / cache.block_size(), t.num_tokens);
   std::vector<float> out(32);
-  view.decode_token(pos % cache.block_size(), out.data());
+  view.codec->decode_token(view.data, pos % cache.block_size(), out.data());
   return out[0];
 }
 

@@ -175,7 +175,7 @@ std::vector<float> reference_reading(const KvCache& cache, int layer, const Bloc
     for (int32_t t = 0; t < n_ctx; ++t) {
       if (!read(t)) continue;
       const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
-      kb.decode_token(t % bs, k.data());
+      kb.codec->decode_token(kb.data, t % bs, k.data());
       if (cache.k_pre_rope(layer))  // stored before RoPE (or within a span): rotate to the key's position
         rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
              cache.key_rope_position(table, layer, kv_head, t) -
@@ -192,7 +192,7 @@ std::vector<float> reference_reading(const KvCache& cache, int layer, const Bloc
     for (int32_t t = 0; t < n_ctx; ++t) {
       if (s[size_t(t)] == 0) continue;
       const KvBlockView vb = cache.v_view(layer, table, t / bs, n_ctx);
-      vb.decode_token(t % bs, v.data());
+      vb.codec->decode_token(vb.data, t % bs, v.data());
       (*weights)[size_t(t)] += s[size_t(t)] / sum;
       for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += s[size_t(t)] / sum * v[size_t(kv_head * head_dim + d)];
     }

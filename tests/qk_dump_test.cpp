@@ -138,7 +138,7 @@ TEST(QkCapture, KeysAreTheCachesAndQueriesTheModels) {
   for (int layer = 0; layer < c.n_layers; ++layer)
     for (int32_t t = 0; t < 32; ++t) {
       const KvBlockView view = cache.k_view(layer, table, t / 16, 32);
-      view.decode_token(t % 16, row.data());
+      view.codec->decode_token(view.data, t % 16, row.data());
       for (int h = 0; h < c.n_kv_heads; ++h)
         for (int j = 0; j < hd; ++j)
           ASSERT_EQ(d.keys(layer, h)[size_t(32 + t) * hd + size_t(j)], row[size_t(h) * hd + size_t(j)])

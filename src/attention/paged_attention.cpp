@@ -89,16 +89,13 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
     }
   };
   int32_t span = 0;  // columns of the rows in use
-  // Views of this KV head alone (head runs, kv/block_view.h).
-  auto k_view = [&](int32_t b) { return cache.k_view(layer, table, b, n_ctx).head_view(kv_head); };
-  auto v_view = [&](int32_t b) { return cache.v_view(layer, table, b, n_ctx).head_view(kv_head); };
-  HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return k_view(block_at(i)); });
-  HeadSlicePrefetch prefetch_v(kv_head, n_read, [&](int32_t i) { return v_view(block_at(i)); });
+  HeadSlicePrefetch prefetch_k(kv_head, n_read, [&](int32_t i) { return cache.k_view(layer, table, block_at(i), n_ctx); });
+  HeadSlicePrefetch prefetch_v(kv_head, n_read, [&](int32_t i) { return cache.v_view(layer, table, block_at(i), n_ctx); });
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
     span = j * bs + n;
-    const KvBlockView k = k_view(b);
+    const KvBlockView k = cache.k_view(layer, table, b, n_ctx);
     prefetch_k.before(j);
     float* block_scores = scores + j * bs;
     if (!pre_rope) {
@@ -157,7 +154,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   for (int32_t j = 0; j < n_read; ++j) {
     const int32_t b = block_at(j);
     const int n = std::min(bs, n_ctx - b * bs);
-    const KvBlockView v = v_view(b);
+    const KvBlockView v = cache.v_view(layer, table, b, n_ctx);
     prefetch_v.before(j);
     v.codec->accumulate(scores + j * bs, group, stride, v.data, n, kv_head, out);
   }
@@ -223,7 +220,8 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
         s[size_t(t)] = -INFINITY;
         continue;
       }
-      cache.k_view(layer, table, t / bs, n_ctx).decode_token(t % bs, k.data());
+      const KvBlockView kb = cache.k_view(layer, table, t / bs, n_ctx);
+      kb.codec->decode_token(kb.data, t % bs, k.data());
       if (cache.k_pre_rope(layer)) {  // stored rotated by its text position mod the span (1: not at all)
         const int32_t stored = cache.slot_position(table, layer, kv_head, t) % cache.k_rope_span(layer);
         rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
@@ -241,7 +239,8 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
     std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
     for (int32_t t = 0; t < n_ctx; ++t) {
       if (s[size_t(t)] == 0) continue;  // evicted (or underflowed: adds nothing)
-      cache.v_view(layer, table, t / bs, n_ctx).decode_token(t % bs, v.data());
+      const KvBlockView vb = cache.v_view(layer, table, t / bs, n_ctx);
+      vb.codec->decode_token(vb.data, t % bs, v.data());
       for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += s[size_t(t)] / sum * v[size_t(kv_head * head_dim + d)];
     }
     for (int d = 0; d < head_dim; ++d) out[size_t(i) * head_dim + d] = float(acc[size_t(d)]);

@@ -238,8 +238,8 @@ void attend_float_rows(const KvCache& cache, int layer, const BlockTable& table,
     run_sum[r] = 0.0f;
   }
   std::fill(ot, ot + size_t(hd) * lanes, 0.0f);
-  auto k_at = [&](int32_t j) { return cache.k_view(layer, table, j, n_last).head_view(kv_head); };
-  auto v_at = [&](int32_t j) { return cache.v_view(layer, table, j, n_last).head_view(kv_head); };
+  auto k_at = [&](int32_t j) { return cache.k_view(layer, table, j, n_last); };
+  auto v_at = [&](int32_t j) { return cache.v_view(layer, table, j, n_last); };
   for (int32_t jp = 0; jp < n_blocks; jp += part_blocks) {  // parts, as the codec path takes them
     const int32_t je = std::min(n_blocks, jp + part_blocks);
     std::fill(top, top + lanes, -INFINITY);
@@ -356,8 +356,8 @@ bool attend_kv_head_tile(const KvCache& cache, int layer, const BlockTable& tabl
       fn(v, a, b, n);
     }
   };
-  auto k_at = [&](int32_t j, int32_t n_ctx) { return cache.k_view(layer, table, j, n_ctx).head_view(kv_head); };
-  auto v_at = [&](int32_t j, int32_t n_ctx) { return cache.v_view(layer, table, j, n_ctx).head_view(kv_head); };
+  auto k_at = [&](int32_t j, int32_t n_ctx) { return cache.k_view(layer, table, j, n_ctx); };
+  auto v_at = [&](int32_t j, int32_t n_ctx) { return cache.v_view(layer, table, j, n_ctx); };
   // Columns of block j that row r's token sees (>= 1 from its first reader on).
   auto seen = [&](int r, int32_t j) { return std::min(bs, n_ctx0 + r / group - j * bs); };
 

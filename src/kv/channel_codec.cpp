@@ -105,7 +105,6 @@ class ChannelCodec final : public KvCodec {
     return size_t(shape_.block_size) * code_bytes_ + meta;
   }
   bool encodes_tokens() const override { return static_; }
-  bool head_sliced() const override { return head_major_; }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
     // Static scales only: values are clamped into the calibrated range.

@@ -284,7 +284,6 @@ class FloatCodec final : public KvCodec {
     return 1;
   }
   bool stores_floats() const override { return true; }
-  bool head_sliced() const override { return true; }  // (kv_head, block_size, head_dim)
   void decode_head(const uint8_t* block, int n, int kv_head, float* out) const override {
     const T* src = at(block, kv_head, 0);  // the head's n rows are one run
     const int count = n * shape_.head_dim;

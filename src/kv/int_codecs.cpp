@@ -166,7 +166,6 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   }
   // 8-bit scales share a header per (block, head): a block is encoded whole.
   bool encodes_tokens() const override { return !compact_; }
-  bool head_sliced() const override { return head_major_; }
 
   void encode_block(uint8_t* block, const float* x, int n) const override {
     if (!compact_) {
@@ -1067,7 +1066,6 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
         head_blocks_(s.head_dim / kBlock) {}
 
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
-  bool head_sliced() const override { return head_major_; }
 
   void encode_token(uint8_t* block, int slot, const float* x) const override {
     for (int b = 0; b * kBlock < shape_.kv_dim(); ++b) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cstdlib>
 #include <cstring>
 
 #include "util/error.h"
@@ -82,22 +81,8 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
       }()) {
   options_.num_blocks = pool_.num_blocks();
   const size_t n = size_t(pool_.num_blocks());
-  head_run_ = options.head_run;
-  if (const char* env = std::getenv("KVSERVE_KV_HEAD_RUN")) head_run_ = std::atoi(env);  // A/B measurements
-  if (head_run_ < 1 || head_run_ > 1024) fail("KV head run of {} blocks is out of range (1..1024)", head_run_);
-  const size_t runs = (n + size_t(head_run_) - 1) / size_t(head_run_);
   for (auto& layer : layers_) {
-    // A head-sliced codec's run stores each head's slices side by side: block
-    // r of the run at r * slice, head h a further h * (run - 1) * slice on
-    // top of the codec's own h * slice. Others keep whole blocks in the run.
-    auto layout = [&](const KvCodec& c, size_t bytes, size_t& stride, size_t& step) {
-      const bool sliced = head_run_ > 1 && c.head_sliced();
-      stride = sliced ? bytes / size_t(n_kv_heads_) : bytes;
-      step = sliced ? size_t(head_run_ - 1) * stride : 0;
-    };
-    layout(*layer.k, layer.k_bytes, layer.k_stride, layer.k_step);
-    layout(*layer.v, layer.v_bytes, layer.v_stride, layer.v_step);
-    layer.arena = PageArena((layer.k_bytes + layer.v_bytes) * runs * size_t(head_run_));
+    layer.arena = PageArena((layer.k_bytes + layer.v_bytes) * n);
     if (layer.k_staged || layer.v_staged) layer.staging = PageArena(2 * staging_codec_->block_bytes() * n);
   }
   sealed_.assign(n, 0);
@@ -181,7 +166,10 @@ bool KvCache::reserve(BlockTable& table, int32_t n_new, int32_t n_write) {
   size_t next = 0;
   if (copy) {
     const int32_t from = table.blocks[open], to = fresh[next++];
-    copy_block(from, to);
+    for (int l = 0; l < n_layers(); ++l) {
+      const Layer& layer = layers_[size_t(l)];
+      std::memcpy(block_base(l, to), block_base(l, from), layer.k_bytes + layer.v_bytes);
+    }
     pool_.release(from);
     table.blocks[open] = to;
   }
@@ -220,17 +208,9 @@ void KvCache::release(BlockTable& table) {
   table = BlockTable{};
 }
 
-KvBlockRef KvCache::plane(int layer, int32_t block, bool value) const {
+uint8_t* KvCache::block_base(int layer, int32_t block) const {
   const Layer& l = layers_[size_t(layer)];
-  const size_t run = size_t(block) / size_t(head_run_), r = size_t(block) % size_t(head_run_);
-  uint8_t* base = l.arena.data() + run * size_t(head_run_) * (l.k_bytes + l.v_bytes);
-  if (!value) return {l.k.get(), base + r * l.k_stride, l.k_step};
-  return {l.v.get(), base + size_t(head_run_) * l.k_bytes + r * l.v_stride, l.v_step};
-}
-
-void KvCache::copy_block(int32_t from, int32_t to) {
-  for (int l = 0; l < n_layers(); ++l)
-    for (bool value : {false, true}) plane(l, to, value).copy_from(plane(l, from, value).view());
+  return l.arena.data() + size_t(block) * (l.k_bytes + l.v_bytes);
 }
 
 uint8_t* KvCache::staging_base(int layer, int32_t slot) const {
@@ -242,14 +222,15 @@ void KvCache::write(int layer, const BlockTable& table, int32_t pos, const float
   const Layer& l = layers_[size_t(layer)];
   const size_t b = size_t(pos / options_.block_size);
   const int slot = pos % options_.block_size;
+  uint8_t* base = block_base(layer, table.blocks[b]);
   if (l.k_staged || l.v_staged) {
     assert(table.staging[b] >= 0);
     uint8_t* stage = staging_base(layer, table.staging[b]);
     if (l.k_staged) staging_codec_->encode_token(stage, slot, k);
     if (l.v_staged) staging_codec_->encode_token(stage + staging_codec_->block_bytes(), slot, v);
   }
-  if (!l.k_staged) plane(layer, table.blocks[b], false).encode_token(slot, k);
-  if (!l.v_staged) plane(layer, table.blocks[b], true).encode_token(slot, v);
+  if (!l.k_staged) l.k->encode_token(base, slot, k);
+  if (!l.v_staged) l.v->encode_token(base + l.k_bytes, slot, v);
 }
 
 void KvCache::seal(int layer, const BlockTable& table, int32_t n_tokens) {
@@ -264,15 +245,15 @@ void KvCache::seal(int layer, const BlockTable& table, int32_t n_tokens) {
     const int32_t slot = table.staging[size_t(b)];
     assert(slot >= 0);
     const uint8_t* stage = staging_base(layer, slot);
-    const int32_t block = table.blocks[size_t(b)];
+    uint8_t* base = block_base(layer, table.blocks[size_t(b)]);
     if (l.k_staged) {
       for (int t = 0; t < bs; ++t) staging_codec_->decode_token(stage, t, rows.data() + size_t(t) * kv_dim);
-      plane(layer, block, false).encode_block(rows.data(), bs);
+      l.k->encode_block(base, rows.data(), bs);
     }
     if (l.v_staged) {
       for (int t = 0; t < bs; ++t)
         staging_codec_->decode_token(stage + staging_codec_->block_bytes(), t, rows.data() + size_t(t) * kv_dim);
-      plane(layer, block, true).encode_block(rows.data(), bs);
+      l.v->encode_block(base + l.k_bytes, rows.data(), bs);
     }
   }
 }
@@ -281,14 +262,14 @@ KvBlockView KvCache::k_view(int layer, const BlockTable& table, int32_t b, int32
   const Layer& l = layers_[size_t(layer)];
   if (l.k_staged && b >= sealed_blocks(n_ctx))
     return {staging_codec_.get(), staging_base(layer, table.staging[size_t(b)])};
-  return plane(layer, table.blocks[size_t(b)], false).view();
+  return {l.k.get(), block_base(layer, table.blocks[size_t(b)])};
 }
 
 KvBlockView KvCache::v_view(int layer, const BlockTable& table, int32_t b, int32_t n_ctx) const {
   const Layer& l = layers_[size_t(layer)];
   if (l.v_staged && b >= sealed_blocks(n_ctx))
     return {staging_codec_.get(), staging_base(layer, table.staging[size_t(b)]) + staging_codec_->block_bytes()};
-  return plane(layer, table.blocks[size_t(b)], true).view();
+  return {l.v.get(), block_base(layer, table.blocks[size_t(b)]) + l.k_bytes};
 }
 
 KvStats KvCache::stats() const {
@@ -422,8 +403,7 @@ void KvCache::export_block(int32_t block, std::vector<uint8_t>& out) const {
   uint8_t* p = out.data();
   for (int layer = 0; layer < n_layers(); ++layer) {
     const Layer& l = layers_[size_t(layer)];
-    plane(layer, block, false).view().gather(p);
-    plane(layer, block, true).view().gather(p + l.k_bytes);
+    std::memcpy(p, block_base(layer, block), l.k_bytes + l.v_bytes);
     p += l.k_bytes + l.v_bytes;
   }
 }
@@ -436,8 +416,7 @@ void KvCache::import_block(int32_t block, std::span<const uint8_t> bytes) {
   const uint8_t* p = bytes.data();
   for (int layer = 0; layer < n_layers(); ++layer) {
     const Layer& l = layers_[size_t(layer)];
-    plane(layer, block, false).scatter(p);
-    plane(layer, block, true).scatter(p + l.k_bytes);
+    std::memcpy(block_base(layer, block), p, l.k_bytes + l.v_bytes);
     p += l.k_bytes + l.v_bytes;
   }
   sealed_[size_t(block)] = 1;  // its encoded form is written: final, shareable
@@ -557,7 +536,10 @@ bool KvCache::compact(BlockTable& table) {
   for (size_t i = 0; i < cow.size(); ++i) {
     const int32_t d = cow[i];
     new_blocks[size_t(d)] = fresh[i];
-    copy_block(table.blocks[size_t(d)], fresh[i]);
+    for (int l = 0; l < n_layers; ++l) {
+      const Layer& ly = layers_[size_t(l)];
+      std::memcpy(block_base(l, fresh[i]), block_base(l, table.blocks[size_t(d)]), ly.k_bytes + ly.v_bytes);
+    }
   }
   size_t next_slot = 0;
   for (int32_t d : staging_needed) new_staging[size_t(d)] = slots[next_slot++];
@@ -576,20 +558,20 @@ bool KvCache::compact(BlockTable& table) {
     for (int plane = 0; plane < 2; ++plane) {
       const bool plane_staged = plane == 0 ? ly.k_staged : ly.v_staged;
       const KvCodec& codec = plane == 0 ? *ly.k : *ly.v;
+      const size_t arena_off = plane == 0 ? 0 : ly.k_bytes;
       const size_t stage_off = plane == 0 || !staged_ ? 0 : staging_codec_->block_bytes();
       // Where a slot lives before compaction, and where a new block is written.
       auto source = [&](int32_t s) -> KvBlockView {
         const size_t b = size_t(s / bs);
         if (staged_before(plane_staged, s)) return {staging_codec_.get(), staging_base(l, table.staging[b]) + stage_off};
-        return this->plane(l, table.blocks[b], plane == 1).view();
+        return {&codec, block_base(l, table.blocks[b]) + arena_off};
       };
       for (int32_t d = 0; d < nb_new; ++d) {
         if (!plane_changes(l, plane_staged, d)) continue;
         const bool to_stage = staged_after(plane_staged, d);
         const KvCodec& dc = to_stage ? *staging_codec_ : codec;
-        const KvBlockRef dst = to_stage
-                                   ? KvBlockRef{&dc, staging_base(l, new_staging[size_t(d)]) + stage_off}
-                                   : this->plane(l, new_blocks[size_t(d)], plane == 1);
+        uint8_t* dst = to_stage ? staging_base(l, new_staging[size_t(d)]) + stage_off
+                                : block_base(l, new_blocks[size_t(d)]) + arena_off;
         const int n = std::min(bs, m - d * bs);
         ByteSpan probe[2];
         if (dc.token_spans(0, 0, probe) == 0) {
@@ -597,10 +579,11 @@ bool KvCache::compact(BlockTable& table) {
           for (int t = 0; t < n; ++t)
             for (int h = 0; h < H; ++h) {
               const int32_t s = src[at(d * bs + t, size_t(l) * H + h)];
-              source(s).head_view(h).decode_token(s % bs, row.data());  // head h is right
+              const KvBlockView v = source(s);
+              v.codec->decode_token(v.data, s % bs, row.data());
               std::copy_n(row.begin() + h * head_dim_, head_dim_, rows_buf.begin() + int64_t(t) * kv_dim + h * head_dim_);
             }
-          dst.encode_block(rows_buf.data(), n);
+          dc.encode_block(dst, rows_buf.data(), n);
           continue;
         }
         for (int t = 0; t < n; ++t)
@@ -608,7 +591,7 @@ bool KvCache::compact(BlockTable& table) {
             const int32_t s = src[at(d * bs + t, size_t(l) * H + h)];
             const bool moved = s != d * bs + t || staged_before(plane_staged, s) != to_stage;
             if (!moved) continue;
-            const KvBlockView v = source(s).head_view(h);  // the codecs address head h through it
+            const KvBlockView v = source(s);
             ByteSpan from[2], into[2];
             const int k = dc.token_spans(t, h, into);
             const uint8_t* bytes = v.data;
@@ -618,13 +601,12 @@ bool KvCache::compact(BlockTable& table) {
               // Another form (staging <-> codec): encode the decoded token at
               // slot t of a scratch block, then move its spans.
               temp.resize(dc.block_bytes());
-              v.decode_token(s % bs, row.data());
+              v.codec->decode_token(v.data, s % bs, row.data());
               dc.encode_token(temp.data(), t, row.data());
               bytes = temp.data();
               std::copy_n(into, k, from);
             }
-            uint8_t* into_head = dst.head(h);
-            for (int i = 0; i < k; ++i) std::memmove(into_head + into[i].offset, bytes + from[i].offset, into[i].size);
+            for (int i = 0; i < k; ++i) std::memmove(dst + into[i].offset, bytes + from[i].offset, into[i].size);
           }
       }
     }

@@ -21,18 +21,6 @@
 // for a whole reserved prompt. A capacity given in blocks counts encoded
 // blocks only; staging then comes on top.
 //
-// Head runs: a layer's arena is cut into runs of `head_run` consecutive
-// blocks (K of the run's blocks, then V). Where a codec is head-sliced
-// (KvCodec::head_sliced: FP16, FP8, head-major integer groups), a run
-// stores its K (V) as one run of slices per KV head: head h's slices of the
-// run's blocks side by side. Decode attention reads one head at a time
-// through a sequence's blocks, which the pool hands out in ascending order,
-// so it reads runs of head_run slices instead of one 2 KB slice (FP16, 16-
-// token blocks) every 32 KB: the scattered slices read at ~45% of the
-// sequential rate on this host (BENCHMARKS.md, "What FP16 attention reads
-// at", and "Head runs"). Views (kv/block_view.h) carry the per-head step;
-// codecs are unchanged, and exported blocks keep the codec's own layout.
-//
 // Thread safety: reserve/commit/release/seal and the sharing calls from one
 // thread (the engine's).
 // Reads and writes of different (layer, block) pairs may run concurrently.
@@ -46,7 +34,6 @@
 
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
-#include "kv/block_view.h"
 #include "kernels/rope_table.h"
 #include "kv/kv_codec.h"
 #include "model/model_config.h"
@@ -69,7 +56,6 @@ struct KvCacheOptions {
   int64_t num_blocks = 0;         // capacity in blocks; 0 means "derive from budget_bytes"
   int64_t budget_bytes = 0;       // capacity in bytes when num_blocks is 0; when both are 0,
                                   // enough blocks for one sequence of the model's full context
-  int32_t head_run = 8;           // blocks whose head slices lie side by side (head runs, above); 1 = none
 
   // Sets keys and values of every layer to the plain storage type t.
   void set_dtype(KvDType t) { k.dtype = v.dtype = t; }
@@ -96,6 +82,11 @@ struct KvStats {
   int64_t compactions = 0;        // compact() calls that moved tokens
 };
 
+// Where attention reads one layer's K or V of one block.
+struct KvBlockView {
+  const KvCodec* codec;
+  const uint8_t* data;
+};
 
 class KvCache {
  public:
@@ -269,23 +260,17 @@ class KvCache {
     std::unique_ptr<KvCodec> k, v;
     bool k_staged = false, v_staged = false;  // encoded via the FP16 staging slot
     size_t k_bytes = 0, v_bytes = 0;          // one block of K / V in this layer's codecs
-    PageArena arena;                          // runs of head_run blocks: K of the run, then V
-    size_t k_stride = 0, v_stride = 0;        // bytes between a run's consecutive blocks: a slice or a block
-    size_t k_step = 0, v_step = 0;            // KvBlockView::head_step (0 without head runs)
+    PageArena arena;                          // (num_blocks, k_bytes + v_bytes)
     PageArena staging;                        // (num_blocks, 2 * staging_bytes) when staged
   };
 
-  // Layer `layer`'s K (value = false) or V of pool block `block`.
-  KvBlockRef plane(int layer, int32_t block, bool value) const;
-  // Copies every layer's K and V of pool block `from` into `to`.
-  void copy_block(int32_t from, int32_t to);
+  uint8_t* block_base(int layer, int32_t block) const;
   uint8_t* staging_base(int layer, int32_t slot) const;
   // Takes n free staging slots, each with its staging_cost_ pool blocks, and
   // appends them to out; false, taking nothing, when either is short.
   bool take_staging(int32_t n, std::vector<int32_t>& out);
 
   KvCacheOptions options_;
-  int32_t head_run_ = 1;
   int n_kv_heads_ = 0;
   int head_dim_ = 0;
   float rope_theta_ = 10000.0f;

@@ -143,12 +143,6 @@ class KvCodec {
   // the head's own slice (kv/outlier_codec.h's entries); empty for the
   // others. Head slices divide the bytes before them (head-major layouts).
   virtual ByteSpan shared_bytes() const { return {}; }
-  // Whether the block is n_kv_heads equal slices, slice h holding all of KV
-  // head h (codes and metadata) and nothing else: every operation for head
-  // h touches only bytes [h, h + 1) * block_bytes() / n_kv_heads. The cache
-  // may then store a head's slices of neighbouring blocks side by side
-  // (kv/kv_cache.h, head runs), handing the codec a pointer per head.
-  virtual bool head_sliced() const { return false; }
   // Whether a single token can be encoded on its own (false for channel
   // groups, which need every token of the block at once).
   virtual bool encodes_tokens() const { return true; }
