@@ -4,10 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <memory>
+#include <random>
+#include <string_view>
 #include <fstream>
 
+#include "attention/paged_attention.h"
 #include "engine/kv_calibrator.h"
+#include "kv/kv_cache.h"
 #include "kv/kv_calibration.h"
 #include "util/error.h"
 
@@ -161,6 +167,122 @@ TEST(KvCalibrationFile, RejectsMalformedFiles) {
     EXPECT_THROW(load_kv_calibration(path), Error) << text;
   }
   EXPECT_THROW(load_kv_calibration(path + ".missing"), Error);
+  std::remove(path.c_str());
+}
+
+// Fuzzes the calibration loader and what follows it: a valid file with
+// bytes cut, replaced, or whole numbers swapped for other JSON (huge, tiny,
+// negative, null, strings, arrays). Every variant either loads or throws
+// kvserve::Error; what loads either builds a cache or throws kvserve::Error
+// (static ranges that are not finite, reversed or beyond fp16's range are
+// refused, not turned into garbage codes); and a cache that builds stores a
+// token whose attention output is finite.
+TEST(KvCalibrationFile, FuzzedFilesLoadCleanlyOrFailWithAnError) {
+  ModelConfig m;
+  m.dim = 64;
+  m.hidden_dim = 172;
+  m.n_layers = 3;
+  m.n_heads = 8;
+  m.n_kv_heads = 4;
+  m.vocab_size = 512;
+  m.seq_len = 64;
+  const int kv_dim = m.kv_dim(), group = m.gqa_group(), hd = m.head_dim();
+  KvCalibration c;
+  c.model = "fuzz";
+  c.kv_dim = kv_dim;
+  c.tokens = 1000;
+  for (int l = 0; l < m.n_layers; ++l) {
+    KvChannelRanges r;
+    for (int d = 0; d < kv_dim; ++d) {
+      r.min.push_back(-1.0f - 0.25f * float(d % 5));
+      r.max.push_back(1.5f + 0.125f * float(d % 3));
+    }
+    c.k.push_back(r);
+    c.v.push_back(r);
+  }
+  c.assignment = {{KvDType::F16, KvDType::INT8}, {KvDType::INT4, KvDType::INT4}, {KvDType::INT2, KvDType::INT8}};
+  c.target_bits = 7;
+  const std::string path = ::testing::TempDir() + "/fuzz_calib.json";
+  save_kv_calibration(path, c);
+  std::string valid;
+  {
+    std::ifstream in(path);
+    valid.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Where the numbers are, to swap whole ones.
+  std::vector<std::pair<size_t, size_t>> numbers;
+  for (size_t i = 0; i < valid.size();) {
+    if ((valid[i] >= '0' && valid[i] <= '9') || valid[i] == '-') {
+      size_t e = i;
+      while (e < valid.size() && std::string_view("0123456789.-+eE").find(valid[e]) != std::string_view::npos) ++e;
+      numbers.emplace_back(i, e - i);
+      i = e;
+    } else {
+      ++i;
+    }
+  }
+  const std::vector<std::string> swaps = {"1e39", "-1e39", "70000", "-70000", "1e-40", "0", "-0", "3.5",
+                                          "null", "\"x\"", "[]", "{}", "true", "2147483648", "-7"};
+  std::mt19937 rng(1234);
+  int loaded = 0, built = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    std::string text = valid;
+    switch (iter % 3) {
+      case 0:  // one to three whole numbers swapped
+        for (int k = 0; k < 1 + int(rng() % 3); ++k) {
+          const auto [at, len] = numbers[rng() % numbers.size()];
+          text = valid.substr(0, at) + swaps[rng() % swaps.size()] + valid.substr(at + len);
+        }
+        break;
+      case 1:  // a few bytes replaced
+        for (int k = 0; k < 1 + int(rng() % 4); ++k) text[rng() % text.size()] = char(32 + rng() % 95);
+        break;
+      default:  // cut short
+        text.resize(rng() % text.size());
+    }
+    std::ofstream(path, std::ios::trunc) << text;
+    KvCalibration d;
+    try {
+      d = load_kv_calibration(path);
+    } catch (const Error&) {
+      continue;
+    }
+    ++loaded;
+    for (bool use_static : {true, false}) {
+      KvCacheOptions o;
+      o.block_size = 8;
+      o.num_blocks = 4;
+      o.set_dtype(KvDType::INT4);
+      std::unique_ptr<KvCache> cache;
+      try {
+        apply_kv_calibration(o, d, m.n_layers, use_static);
+        cache = std::make_unique<KvCache>(m, o);
+      } catch (const Error&) {
+        continue;
+      }
+      ++built;
+      BlockTable t;
+      ASSERT_TRUE(cache->reserve(t, 9));
+      std::vector<float> k(static_cast<size_t>(kv_dim)), v(k.size()), q(static_cast<size_t>(group * hd)), out(q.size());
+      for (int l = 0; l < m.n_layers; ++l) {
+        for (int pos = 0; pos < 9; ++pos) {
+          for (int i = 0; i < kv_dim; ++i) k[size_t(i)] = std::sin(float(pos + 3 * i)), v[size_t(i)] = std::cos(float(pos * i));
+          cache->write(l, t, pos, k.data(), v.data());
+        }
+        cache->seal(l, t, 9);
+      }
+      cache->commit(t, 9);
+      for (auto& x : q) x = 0.3f;
+      AttentionScratch scratch;
+      for (int l = 0; l < m.n_layers; ++l)
+        for (int h = 0; h < m.n_kv_heads; ++h) {
+          attend_kv_head(*cache, l, t, 9, h, group, hd, q.data(), out.data(), scratch);
+          for (float x : out) ASSERT_TRUE(std::isfinite(x)) << "iteration " << iter << " layer " << l << ":\n" << text;
+        }
+    }
+  }
+  EXPECT_GT(loaded, 50);
+  EXPECT_GT(built, 50);
   std::remove(path.c_str());
 }
 

@@ -159,6 +159,14 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
   if (c.is_static()) {
     if (c.static_min.size() != size_t(kv_dim) || c.static_max.size() != size_t(kv_dim))
       fail("static KV ranges have {} / {} channels, expected {}", c.static_min.size(), c.static_max.size(), kv_dim);
+    // The codec keeps each channel's min and step in fp16: a range that is
+    // not finite, reversed or past fp16's largest value would encode garbage.
+    constexpr float kFp16Max = 65504.0f;
+    for (int d = 0; d < kv_dim; ++d) {
+      const float lo = c.static_min[size_t(d)], hi = c.static_max[size_t(d)];
+      if (!(lo <= hi) || !(lo >= -kFp16Max) || !(hi <= kFp16Max))
+        fail("static KV range of channel {} is [{}, {}]: ranges must be ordered and within fp16's +-65504", d, lo, hi);
+    }
     return make_int_codec(c, shape);
   }
   if (c.group_size < 0) fail("--kv-group must be positive (got {})", c.group_size);
