@@ -54,30 +54,35 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   if (!o.kv_grouping.empty()) k.k.grouping = k.v.grouping = parse_kv_grouping(o.kv_grouping);
   if (!o.kv_k_grouping.empty()) k.k.grouping = parse_kv_grouping(o.kv_k_grouping);
   if (!o.kv_v_grouping.empty()) k.v.grouping = parse_kv_grouping(o.kv_v_grouping);
-  if (o.kv_group >= 0) k.k.group_size = k.v.group_size = o.kv_group;
-  if (o.kv_k_group >= 0) k.k.group_size = o.kv_k_group;
-  if (o.kv_v_group >= 0) k.v.group_size = o.kv_v_group;
+  auto group = [](const char* flag, const std::optional<int32_t>& given, std::initializer_list<KvCodecConfig*> into) {
+    if (!given) return;
+    if (*given < 0) fail("{} must be >= 0 (0: the default, a head or a block; got {})", flag, *given);
+    for (KvCodecConfig* c : into) c->group_size = *given;
+  };
+  group("--kv-group", o.kv_group, {&k.k, &k.v});
+  group("--kv-k-group", o.kv_k_group, {&k.k});
+  group("--kv-v-group", o.kv_v_group, {&k.v});
   if (o.kv_k_pre_rope) k.k.pre_rope = true;
-  if (o.kv_k_rope_span != 0) {
-    if (o.kv_k_rope_span < 1) fail("--kv-k-rope-span must be >= 1 (got {})", o.kv_k_rope_span);
-    k.k.rope_span = o.kv_k_rope_span;
+  if (o.kv_k_rope_span) {
+    if (*o.kv_k_rope_span < 1) fail("--kv-k-rope-span must be >= 1 (got {})", *o.kv_k_rope_span);
+    k.k.rope_span = *o.kv_k_rope_span;
   }
   if (o.kv_k_outliers < 0 || o.kv_v_outliers < 0)
     fail("--kv-k-outliers and --kv-v-outliers must be >= 0 (got {}, {})", o.kv_k_outliers, o.kv_v_outliers);
   if (o.kv_k_outliers > 0) k.k.outliers = o.kv_k_outliers;
   if (o.kv_v_outliers > 0) k.v.outliers = o.kv_v_outliers;
-  auto scale_bits = [](const char* flag, int bits, KvCodecConfig& c) {
-    if (bits == 0) return;  // not given
-    if (bits != 16 && bits != 8) fail("{} must be 16 or 8 (got {})", flag, bits);
-    c.scale_bits = bits;
+  auto scale_bits = [](const char* flag, const std::optional<int>& bits, KvCodecConfig& c) {
+    if (!bits) return;
+    if (*bits != 16 && *bits != 8) fail("{} must be 16 or 8 (got {})", flag, *bits);
+    c.scale_bits = *bits;
   };
   scale_bits("--kv-scale-bits", o.kv_scale_bits, k.k);
   scale_bits("--kv-scale-bits", o.kv_scale_bits, k.v);
   scale_bits("--kv-k-scale-bits", o.kv_k_scale_bits, k.k);
   scale_bits("--kv-v-scale-bits", o.kv_v_scale_bits, k.v);
-  if (o.kv_residual != -2) {
-    if (o.kv_residual < 0) fail("--kv-residual must be >= 0 (got {})", o.kv_residual);
-    k.residual = o.kv_residual;
+  if (o.kv_residual) {
+    if (*o.kv_residual < 0) fail("--kv-residual must be >= 0 (got {})", *o.kv_residual);
+    k.residual = *o.kv_residual;
   }
   if (!o.kv_scales.empty() && o.kv_scales != "static" && o.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic (got '{}')", o.kv_scales);
@@ -91,7 +96,7 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,
   // unless the flags ask for pre-RoPE keys or a span. Layers set back to a
   // quantized type keep the preset's storage.
-  if (!o.kv_k_pre_rope && o.kv_k_rope_span == 0) {
+  if (!o.kv_k_pre_rope && !o.kv_k_rope_span) {
     auto after_rope_if_float = [](KvCodecConfig& c) {
       if (!kv_dtype_is_quantized(c.dtype)) c.pre_rope = false, c.rope_span = 1;
     };

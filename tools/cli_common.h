@@ -24,14 +24,14 @@ struct CommonOptions {
   std::string kv_dtype;
   std::string kv_k, kv_v;
   std::string kv_grouping, kv_k_grouping, kv_v_grouping;
-  int32_t kv_group = -1, kv_k_group = -1, kv_v_group = -1;
-  int32_t kv_residual = -2;     // -2 = not given
+  // Numbers not given stay empty: every value given is checked, none is a
+  // sentinel that a typed -1 or 0 would silently match.
+  std::optional<int32_t> kv_group, kv_k_group, kv_v_group;
+  std::optional<int32_t> kv_residual;
   bool kv_k_pre_rope = false;
-  int kv_k_rope_span = 0;  // 0: not given
+  std::optional<int> kv_k_rope_span;
   int kv_k_outliers = 0, kv_v_outliers = 0;  // values per token row kept exactly
-  int kv_scale_bits = 0;        // 0 = not given
-  int kv_k_scale_bits = 0;
-  int kv_v_scale_bits = 0;
+  std::optional<int> kv_scale_bits, kv_k_scale_bits, kv_v_scale_bits;
   std::string kv_calibration;
   std::string kv_scales;        // static | dynamic (default static when calibrated)
   std::string kv_layers;

@@ -56,6 +56,18 @@ kvserve_error_test(cli.error_rope_span_not_dividing_block "must divide the block
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span 24)
 kvserve_error_test(cli.error_rope_span_negative "--kv-k-rope-span must be >= 1"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span -1)
+# Numbers a flag was given are checked, even the old "not given" sentinels
+# (-1 for the group sizes, -2 for the window, 0 for scale bits).
+kvserve_error_test(cli.error_kv_group_negative "--kv-group must be >= 0"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-group -1)
+kvserve_error_test(cli.error_kv_v_group_negative "--kv-v-group must be >= 0"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-v-group -4)
+kvserve_error_test(cli.error_kv_residual_negative "--kv-residual must be >= 0"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-residual -2)
+kvserve_error_test(cli.error_scale_bits_zero "--kv-scale-bits must be 16 or 8"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 0)
+kvserve_error_test(cli.error_rope_span_zero "--kv-k-rope-span must be >= 1"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span 0)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
