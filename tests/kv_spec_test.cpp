@@ -295,6 +295,10 @@ TEST(ChooseAssignment, FindsTheCheapestChoiceWithinTheBitBudget) {
   EXPECT_EQ(choose_assignment(cost, bits, 16.0), (std::vector<int>{0, 0}));
   EXPECT_EQ(choose_assignment(cost, bits, 2.0), (std::vector<int>{3, 3}));
   EXPECT_THROW(choose_assignment(cost, bits, 1.0), Error);
+  // More bits than the widest choice: the widest everywhere, without a table
+  // sized by the request; no budget at all is an error, not an empty table.
+  EXPECT_EQ(choose_assignment(cost, bits, 1e12), (std::vector<int>{0, 0}));
+  for (double bad : {0.0, -3.0, std::nan(""), HUGE_VAL}) EXPECT_THROW(choose_assignment(cost, bits, bad), Error) << bad;
 }
 
 }  // namespace

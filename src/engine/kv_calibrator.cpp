@@ -1,6 +1,7 @@
 #include "engine/kv_calibrator.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -39,6 +40,14 @@ std::vector<int> choose_assignment(const std::vector<std::vector<double>>& cost,
   // bit widths codecs have (metadata makes fractional bits).
   constexpr double kUnit = 16.0;
   const size_t n = cost.size();
+  if (!std::isfinite(target_bits) || target_bits <= 0)
+    fail("an average of {} bits per value is not a bit budget", target_bits);
+  // More bits than every item's widest choice buy nothing more (and would
+  // size the table by the request).
+  double widest = 0;
+  for (const auto& item : bits)
+    for (double b : item) widest = std::max(widest, b);
+  target_bits = std::min(target_bits, widest);
   const int budget = int(std::floor(target_bits * double(n) * kUnit + 1e-6));
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(n + 1, std::vector<double>(size_t(budget) + 1, inf));
@@ -72,6 +81,15 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
   if (options.percentile <= 50.0 || options.percentile > 100.0)
     fail("--percentile must be in (50, 100] (got {})", options.percentile);
   if (options.range_chunks <= 0) fail("--chunks must be positive");
+  if (!std::isfinite(options.target_bits) || options.target_bits < 0)
+    fail("--kv-bits must be 0 (no assignment) or an average number of bits per value (got {})", options.target_bits);
+  if (options.target_bits > 0) {  // before the measurements, not after
+    int fewest = INT_MAX;
+    for (KvDType t : options.candidates) fewest = std::min(fewest, kv_dtype_bits(t));
+    if (options.target_bits < fewest)
+      fail("no KV assignment meets an average of {} bits per value: the narrowest candidate type has {} bits",
+           options.target_bits, fewest);
+  }
   if (options.skip_chunks < 0) fail("--skip-chunks must be >= 0");
   const int64_t skipped = int64_t(options.skip_chunks) * options.ctx;
   const int64_t needed = int64_t(options.range_chunks) * options.ctx;

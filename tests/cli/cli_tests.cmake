@@ -68,6 +68,13 @@ kvserve_error_test(cli.error_scale_bits_zero "--kv-scale-bits must be 16 or 8"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-scale-bits 0)
 kvserve_error_test(cli.error_rope_span_zero "--kv-k-rope-span must be >= 1"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2 --kv-k-rope-span 0)
+# A bit budget that no assignment can meet fails before the sensitivity runs.
+kvserve_error_test(cli.error_calibrate_kv_bits_negative "--kv-bits must be 0"
+  calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
+  --out calib_unused.json --ctx 64 --chunks 1 --kv-bits -3)
+kvserve_error_test(cli.error_calibrate_kv_bits_below_int2 "narrowest candidate type has 2 bits"
+  calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
+  --out calib_unused.json --ctx 64 --chunks 1 --kv-bits 1.5)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
