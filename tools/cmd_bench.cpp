@@ -37,7 +37,7 @@ struct BenchArgs {
   // A second KV preset decoded in the same run, steps interleaved, for a
   // speed ratio that the host's noise between runs does not reach.
   std::string compare_preset;
-  int compare_block_size = 0;  // 0: the run's --block-size
+  std::optional<int32_t> compare_block_size;  // not given: the run's --block-size
   // Serving workloads through the engine (--workload).
   WorkloadOptions workload;
   bool workload_given = false;
@@ -192,7 +192,8 @@ void run(const BenchArgs& a) {
   const ModelConfig& c = model->config();
   if (a.fill_context < 0) fail("--fill-context must be >= 0");
   const int64_t total = int64_t(a.fill_context) + a.prompt_tokens + a.gen_tokens;
-  if (total > c.seq_len) fail("--prompt-tokens + --gen-tokens = {} exceeds the context length {}", total, c.seq_len);
+  if (total > c.seq_len)
+    fail("--fill-context + --prompt-tokens + --gen-tokens = {} exceeds the context length {}", total, c.seq_len);
 
   ThreadPool pool(thread_count(a.common));
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
@@ -222,7 +223,7 @@ void run(const BenchArgs& a) {
     o.kv_preset = a.compare_preset;
     // A chosen block size applies to both (the preset keeps it), unless
     // --compare-block-size gives the baseline its own.
-    o.block_size = a.compare_block_size > 0 ? a.compare_block_size : a.common.block_size;
+    o.block_size = a.compare_block_size ? a.compare_block_size : a.common.block_size;
     baseline = std::make_unique<DecodeSubject>(c, cache_options(o), sparsity, prompt);
   }
   subject.fill(a.fill_context, c);
@@ -371,8 +372,9 @@ void register_bench(CLI::App& app) {
       if (std::find(names.begin(), names.end(), a->compare_preset) == names.end())
         fail("unknown --compare-preset '{}' (expected {})", a->compare_preset, fmt::join(names, ", "));
     }
-    if (a->compare_block_size != 0 && a->compare_preset.empty()) fail("--compare-block-size needs --compare-preset");
-    if (a->compare_block_size < 0) fail("--compare-block-size must be positive");
+    if (a->compare_block_size && a->compare_preset.empty()) fail("--compare-block-size needs --compare-preset");
+    if (a->compare_block_size && *a->compare_block_size <= 0)
+      fail("--compare-block-size must be positive (got {})", *a->compare_block_size);
     if (attention->attention_only || !attention->dump_qk.empty()) return run_attention_bench(*attention, a->common);
     if (!a->load.server.empty()) {
       if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;

@@ -83,6 +83,8 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
   if (options.range_chunks <= 0) fail("--chunks must be positive");
   if (!std::isfinite(options.target_bits) || options.target_bits < 0)
     fail("--kv-bits must be 0 (no assignment) or an average number of bits per value (got {})", options.target_bits);
+  if (options.target_bits > 0 && options.sensitivity_chunks <= 0)
+    fail("--sensitivity-chunks must be positive (got {})", options.sensitivity_chunks);
   if (options.target_bits > 0) {  // before the measurements, not after
     int fewest = INT_MAX;
     for (KvDType t : options.candidates) fewest = std::min(fewest, kv_dtype_bits(t));

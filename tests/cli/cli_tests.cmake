@@ -75,6 +75,12 @@ kvserve_error_test(cli.error_calibrate_kv_bits_negative "--kv-bits must be 0"
 kvserve_error_test(cli.error_calibrate_kv_bits_below_int2 "narrowest candidate type has 2 bits"
   calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
   --out calib_unused.json --ctx 64 --chunks 1 --kv-bits 1.5)
+kvserve_error_test(cli.error_ppl_chunks_below_minus_one "--chunks must be positive, or -1"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 64 --chunks -5)
+kvserve_error_test(cli.error_bench_compare_block_size_zero "--compare-block-size must be positive"
+  bench --model ${MODELS}/stories260K.gguf --compare-preset fp16 --compare-block-size 0 --prompt-tokens 8 --gen-tokens 2)
+kvserve_error_test(cli.error_bench_fill_past_context "--fill-context + --prompt-tokens + --gen-tokens"
+  bench --model ${MODELS}/stories260K.gguf --fill-context 600 --prompt-tokens 8 --gen-tokens 2)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
