@@ -6,10 +6,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string_view>
-#include <fstream>
 
 #include "attention/paged_attention.h"
 #include "engine/kv_calibrator.h"
@@ -157,16 +157,33 @@ TEST(KvCalibrationFile, RoundTripsAndApplies) {
   EXPECT_EQ(with_outliers.layers[0].v.outliers, 1);  // int8
   EXPECT_EQ(with_outliers.layers[1].k.outliers, 1);  // int4
   EXPECT_THROW(apply_kv_calibration(o, d, 3, true), Error);
+  // Layers that later overrides make integer take their static ranges too.
+  KvCacheOptions plain;  // fp32, no assignment
+  KvCalibration ranges_only = d;
+  ranges_only.assignment.clear();
+  apply_kv_calibration(plain, ranges_only, 2, true);
+  EXPECT_FALSE(plain.layers[0].k.is_static());
+  apply_kv_layers(plain, parse_kv_layers("0:int4", 2), 2);
+  apply_kv_static_ranges(plain, ranges_only, 2);
+  EXPECT_EQ(plain.layers[0].k.static_min, (std::vector<float>{-1, -2}));
+  EXPECT_FALSE(plain.layers[1].k.is_static());
   std::remove(path.c_str());
 }
 
 TEST(KvCalibrationFile, RejectsMalformedFiles) {
   const std::string path = ::testing::TempDir() + "/bad_calib.json";
-  for (const char* text : {"not json", "{}", R"({"format":"kvserve-kv-calibration-1","kv_dim":2,"layers":[{"k_min":[1]}]})"}) {
+  for (const char* text : {"not json", "{}", R"({"format":"kvserve-kv-calibration-1","kv_dim":2,"layers":[{"k_min":[1]}]})",
+                           // kv_dim 0 with empty ranges, a fraction, past int, a string; no layers
+                           R"({"format":"kvserve-kv-calibration-1","kv_dim":0,"layers":[{"k_min":[],"k_max":[],"v_min":[],"v_max":[]}]})",
+                           R"({"format":"kvserve-kv-calibration-1","kv_dim":1.5,"layers":[{"k_min":[1],"k_max":[2],"v_min":[1],"v_max":[2]}]})",
+                           R"({"format":"kvserve-kv-calibration-1","kv_dim":1099511627776,"layers":[]})",
+                           R"({"format":"kvserve-kv-calibration-1","kv_dim":"2","layers":[]})",
+                           R"({"format":"kvserve-kv-calibration-1","kv_dim":2,"layers":[]})"}) {
     std::ofstream(path) << text;
     EXPECT_THROW(load_kv_calibration(path), Error) << text;
   }
   EXPECT_THROW(load_kv_calibration(path + ".missing"), Error);
+  EXPECT_THROW(load_kv_calibration(::testing::TempDir()), Error);  // a directory
   std::remove(path.c_str());
 }
 

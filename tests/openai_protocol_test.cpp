@@ -93,6 +93,7 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {"", "", "invalid_json"},
       {"{\"model\": \"m\", \"prompt\": \"\xFF\"}", "", "invalid_json"},  // not UTF-8
       {"42", "", "invalid_json"},
+      {R"({"model": "m", "prompt": "x", "temperature": 1e309})", "", "invalid_json"},  // past a double: was a 500
       {R"({"prompt": "x"})", "model", "missing_required_parameter"},
       {R"({"model": 3, "prompt": "x"})", "model", "invalid_type"},
       {R"({"model": "m"})", "prompt", "missing_required_parameter"},

@@ -86,12 +86,19 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   }
   if (!o.kv_scales.empty() && o.kv_scales != "static" && o.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic (got '{}')", o.kv_scales);
+  const bool use_static = o.kv_scales != "dynamic";
+  std::optional<KvCalibration> calibration;
   if (!o.kv_calibration.empty()) {
-    apply_kv_calibration(k, load_kv_calibration(o.kv_calibration), n_layers, o.kv_scales != "dynamic");
+    calibration = load_kv_calibration(o.kv_calibration);
+    apply_kv_calibration(k, *calibration, n_layers, use_static);
   } else if (o.kv_scales == "static") {
     fail("--kv-scales static needs --kv-calibration (run `kvserve calibrate` first)");
   }
-  if (!o.kv_layers.empty()) apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
+  if (!o.kv_layers.empty()) {
+    apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
+    // Layers the overrides made integer take their static ranges too.
+    if (calibration && use_static) apply_kv_static_ranges(k, *calibration, n_layers);
+  }
   // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
   // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,
   // unless the flags ask for pre-RoPE keys or a span. Layers set back to a
@@ -103,16 +110,26 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
     after_rope_if_float(k.k);
     for (KvLayerCodecs& layer : k.layers) after_rope_if_float(layer.k);
   }
-  if (o.kv_blocks < 0) fail("--kv-blocks must be positive (got {})", o.kv_blocks);
-  k.num_blocks = o.kv_blocks;
-  if (!o.kv_memory.empty()) k.budget_bytes = parse_bytes(o.kv_memory);
+  if (o.kv_blocks && o.kv_memory) fail("give --kv-blocks or --kv-memory, not both");
+  if (o.kv_blocks) {
+    if (*o.kv_blocks <= 0) fail("--kv-blocks must be positive (got {})", *o.kv_blocks);
+    k.num_blocks = *o.kv_blocks;
+  }
+  if (o.kv_memory) {
+    k.budget_bytes = parse_bytes(*o.kv_memory);
+    if (k.budget_bytes <= 0) fail("--kv-memory must be positive (got '{}')", *o.kv_memory);
+  }
   return k;
 }
 
 std::string kv_description(const KvCache& cache) { return kv_codec_description(cache); }
 
 int thread_count(const CommonOptions& o) {
-  if (o.threads < 0) fail("--threads must be >= 0 (got {})", o.threads);
+  // Thousands of threads on a few cores only wait on each other (10000 took
+  // 51 s for 10 tokens) or run the host out of memory.
+  constexpr int kMaxThreads = 1024;
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    fail("--threads must be in 0..{} (0: every core; got {})", kMaxThreads, o.threads);
   return o.threads == 0 ? default_thread_count() : o.threads;
 }
 

@@ -36,8 +36,8 @@ struct CommonOptions {
   std::string kv_scales;        // static | dynamic (default static when calibrated)
   std::string kv_layers;
   std::optional<int32_t> block_size;  // not given: 16, or the preset's
-  int64_t kv_blocks = 0;        // 0 = from --kv-memory, else one full context
-  std::string kv_memory;        // e.g. "512MiB"; empty = unset
+  std::optional<int64_t> kv_blocks;     // neither given: one full context
+  std::optional<std::string> kv_memory;  // e.g. "512MiB" (instead of kv_blocks)
   int threads = 0;              // 0 = all hardware threads
   bool json = false;
 };

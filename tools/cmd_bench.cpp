@@ -123,7 +123,7 @@ void fill_random_kv(KvCache& cache, BlockTable& table, int32_t n, int n_layers, 
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim));
-  if (!cache.reserve(table, n)) fail("out of KV blocks filling {} positions", n);
+  if (!cache.reserve(table, n)) fail("out of KV blocks filling {} positions; raise --kv-blocks or --kv-memory", n);
   for (int layer = 0; layer < n_layers; ++layer) {
     for (int32_t pos = 0; pos < n; ++pos) {
       for (auto& x : k) x = normal(rng);
@@ -154,7 +154,7 @@ struct DecodeSubject {
   }
 
   void forward(Transformer& transformer, std::span<const int32_t> new_tokens, const char* phase) {
-    if (!cache->reserve(table, int32_t(new_tokens.size()))) fail("out of KV blocks during {}", phase);
+    if (!cache->reserve(table, int32_t(new_tokens.size()))) fail("out of KV blocks during {}; raise --kv-blocks or --kv-memory", phase);
     batch[0].tokens = new_tokens;
     transformer.forward(batch, *cache, logits);
   }
@@ -373,8 +373,10 @@ void register_bench(CLI::App& app) {
         fail("unknown --compare-preset '{}' (expected {})", a->compare_preset, fmt::join(names, ", "));
     }
     if (a->compare_block_size && a->compare_preset.empty()) fail("--compare-block-size needs --compare-preset");
-    if (a->compare_block_size && *a->compare_block_size <= 0)
-      fail("--compare-block-size must be positive (got {})", *a->compare_block_size);
+    if (a->compare_block_size && (*a->compare_block_size <= 0 || *a->compare_block_size > kMaxBlockSize))
+      fail("--compare-block-size {} is out of range (1..{})", *a->compare_block_size, kMaxBlockSize);
+    if (a->bandwidth_mib < 1 || a->bandwidth_mib > 16384)  // the probe's buffer is allocated
+      fail("--bandwidth-mib must be in 1..16384 (got {})", a->bandwidth_mib);
     if (attention->attention_only || !attention->dump_qk.empty()) return run_attention_bench(*attention, a->common);
     if (!a->load.server.empty()) {
       if (cmd->count("--prompt-tokens")) a->load.prompt_tokens = a->prompt_tokens;

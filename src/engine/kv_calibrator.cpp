@@ -78,7 +78,7 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
                            const CalibrateOptions& options, const CalibrateProgress& progress) {
   const ModelConfig& c = transformer.config();
   const int kv_dim = c.kv_dim(), n_layers = c.n_layers;
-  if (options.percentile <= 50.0 || options.percentile > 100.0)
+  if (!(options.percentile > 50.0 && options.percentile <= 100.0))  // NaN too
     fail("--percentile must be in (50, 100] (got {})", options.percentile);
   if (options.range_chunks <= 0) fail("--chunks must be positive");
   if (!std::isfinite(options.target_bits) || options.target_bits < 0)

@@ -11,7 +11,6 @@
 namespace kvserve {
 namespace {
 
-constexpr int32_t kMaxBlockSize = 1024;
 
 KvBlockShape block_shape(const ModelConfig& m, const KvCacheOptions& o) {
   return KvBlockShape{o.block_size, m.n_kv_heads, m.head_dim()};

@@ -41,6 +41,8 @@
 
 namespace kvserve {
 
+constexpr int32_t kMaxBlockSize = 1024;  // tokens per KV block, at most
+
 struct KvLayerCodecs {
   KvCodecConfig k;
   KvCodecConfig v;

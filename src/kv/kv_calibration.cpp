@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 
 #include "util/error.h"
@@ -32,6 +33,8 @@ void save_kv_calibration(const std::string& path, const KvCalibration& c) {
 }
 
 KvCalibration load_kv_calibration(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail("calibration '{}' is a directory, not a file", path);
   std::ifstream in(path);
   if (!in) fail("cannot open calibration '{}'", path);
   nlohmann::json j;
@@ -46,7 +49,11 @@ KvCalibration load_kv_calibration(const std::string& path) {
     c.model = j.value("model", "");
     c.percentile = j.value("percentile", 99.9);
     c.tokens = j.value("tokens", int64_t(0));
-    c.kv_dim = j.at("kv_dim").get<int>();
+    const nlohmann::json& kv_dim = j.at("kv_dim");
+    if (!kv_dim.is_number_integer() || kv_dim.get<int64_t>() <= 0 || kv_dim.get<int64_t>() > (int64_t(1) << 20))
+      fail("calibration '{}': kv_dim must be a positive whole number of channels (got {})", path, kv_dim.dump());
+    c.kv_dim = kv_dim.get<int>();
+    if (j.at("layers").empty()) fail("calibration '{}' has no layers", path);
     for (const auto& l : j.at("layers")) {
       KvChannelRanges k{l.at("k_min").get<std::vector<float>>(), l.at("k_max").get<std::vector<float>>()};
       KvChannelRanges v{l.at("v_min").get<std::vector<float>>(), l.at("v_max").get<std::vector<float>>()};
@@ -78,17 +85,27 @@ void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n
       lc.k.retype(c.assignment[size_t(l)].k);
       lc.v.retype(c.assignment[size_t(l)].v);
     }
-    auto set_static = [&](KvCodecConfig& cfg, const KvChannelRanges& r) {
-      if (use_static && kv_dtype_is_affine(cfg.dtype)) {
-        cfg.static_min = r.min;
-        cfg.static_max = r.max;
-      } else {
-        cfg.static_min.clear();
-        cfg.static_max.clear();
-      }
-    };
-    set_static(lc.k, c.k[size_t(l)]);
-    set_static(lc.v, c.v[size_t(l)]);
+    if (!use_static) {
+      lc.k.static_min.clear(), lc.k.static_max.clear();
+      lc.v.static_min.clear(), lc.v.static_max.clear();
+    }
+  }
+  if (use_static) apply_kv_static_ranges(options, c, n_layers);
+}
+
+void apply_kv_static_ranges(KvCacheOptions& options, const KvCalibration& c, int n_layers) {
+  auto set_static = [](KvCodecConfig& cfg, const KvChannelRanges& r) {
+    if (kv_dtype_is_affine(cfg.dtype)) {
+      cfg.static_min = r.min;
+      cfg.static_max = r.max;
+    } else {
+      cfg.static_min.clear();
+      cfg.static_max.clear();
+    }
+  };
+  for (int l = 0; l < n_layers; ++l) {
+    set_static(options.layers[size_t(l)].k, c.k[size_t(l)]);
+    set_static(options.layers[size_t(l)].v, c.v[size_t(l)]);
   }
 }
 

@@ -49,5 +49,9 @@ KvCalibration load_kv_calibration(const std::string& path);
 // layer's K/V types, and with use_static every integer codec (not q4_0) uses
 // the layer's fixed per-channel ranges. Throws if the layer count differs.
 void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n_layers, bool use_static);
+// The static half alone, after later per-layer overrides (--kv-layers)
+// changed types: every affine integer codec takes its layer's ranges, the
+// others none. REQUIRES: options.layers has n_layers entries.
+void apply_kv_static_ranges(KvCacheOptions& options, const KvCalibration& c, int n_layers);
 
 }  // namespace kvserve

@@ -137,7 +137,10 @@ std::unique_ptr<KvCodec> make_kv_codec(const KvCodecConfig& config, const KvBloc
       fail("KV outliers per token must be in 1..{} (got {})", std::min(kv_dim, 65536), config.outliers);
     KvCodecConfig inner = config;
     inner.outliers = 0;
-    return make_outlier_codec(config, shape, make_kv_codec(inner, shape));
+    std::unique_ptr<KvCodec> inner_codec = make_kv_codec(inner, shape);
+    KvCodecConfig outer = config;
+    outer.group_size = inner_codec->config().group_size;  // resolved (0 = the default), as describe() shows it
+    return make_outlier_codec(outer, shape, std::move(inner_codec));
   }
   KvCodecConfig c = config;
   if (c.scale_bits != 16 && c.scale_bits != 8) fail("KV scale bits must be 16 or 8 (got {})", c.scale_bits);

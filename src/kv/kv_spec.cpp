@@ -30,6 +30,8 @@ std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_laye
     if (colon == std::string::npos) fail("--kv-layers: '{}' lacks ':' (expected e.g. 0:fp16 or 1-4:int4)", item);
     const std::string range = item.substr(0, colon), types = item.substr(colon + 1);
     KvLayerOverride o;
+    if (range.empty() || range[0] == '-')
+      fail("--kv-layers: '{}' in '{}' is not a layer or a range of layers (e.g. 3 or 1-4)", range, item);
     const size_t dash = range.find('-');
     o.first = parse_layer(range.substr(0, dash), item, n_layers);
     o.last = dash == std::string::npos ? o.first : parse_layer(range.substr(dash + 1), item, n_layers);

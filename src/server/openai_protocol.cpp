@@ -241,7 +241,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers past a double (1e309)
     reject(fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
   }
   if (!body.is_object()) reject(fmt::format("the request body must be a JSON object (got {})", type_name(body)), {},

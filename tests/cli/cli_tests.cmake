@@ -77,10 +77,31 @@ kvserve_error_test(cli.error_calibrate_kv_bits_below_int2 "narrowest candidate t
   --out calib_unused.json --ctx 64 --chunks 1 --kv-bits 1.5)
 kvserve_error_test(cli.error_ppl_chunks_below_minus_one "--chunks must be positive, or -1"
   perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 64 --chunks -5)
-kvserve_error_test(cli.error_bench_compare_block_size_zero "--compare-block-size must be positive"
+kvserve_error_test(cli.error_bench_compare_block_size_zero "--compare-block-size 0 is out of range"
   bench --model ${MODELS}/stories260K.gguf --compare-preset fp16 --compare-block-size 0 --prompt-tokens 8 --gen-tokens 2)
 kvserve_error_test(cli.error_bench_fill_past_context "--fill-context + --prompt-tokens + --gen-tokens"
   bench --model ${MODELS}/stories260K.gguf --fill-context 600 --prompt-tokens 8 --gen-tokens 2)
+kvserve_error_test(cli.error_threads_past_limit "--threads must be in 0..1024"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --threads 10000)
+kvserve_error_test(cli.error_kv_memory_zero "--kv-memory must be positive"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-memory 0)
+kvserve_error_test(cli.error_kv_blocks_zero "--kv-blocks must be positive"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-blocks 0)
+kvserve_error_test(cli.error_kv_blocks_and_memory "not both"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-blocks 5 --kv-memory 1MiB)
+kvserve_error_test(cli.error_kv_layers_negative "is not a layer or a range of layers"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-layers -1:fp16)
+kvserve_error_test(cli.error_kv_calibration_directory "is a directory"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int4 --kv-calibration ${MODELS})
+kvserve_error_test(cli.error_calibrate_percentile_nan "--percentile must be in"
+  calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
+  --out calib_unused.json --ctx 64 --chunks 1 --percentile nan)
+kvserve_error_test(cli.error_ppl_ctx_overflow "--ctx 2147483647 is out of range"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 2147483647)
+kvserve_error_test(cli.error_bench_bandwidth_zero "--bandwidth-mib must be in"
+  bench --model ${MODELS}/stories260K.gguf --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 0)
+kvserve_error_test(cli.error_bench_compare_block_size_large "--compare-block-size 100000 is out of range"
+  bench --model ${MODELS}/stories260K.gguf --compare-preset int4 --compare-block-size 100000 --prompt-tokens 8 --gen-tokens 2)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
