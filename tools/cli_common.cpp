@@ -1,5 +1,7 @@
 #include "tools/cli_common.h"
 
+#include <algorithm>
+
 #include "kv/kv_calibration.h"
 #include "kv/kv_spec.h"
 #include "util/byte_size.h"
@@ -90,6 +92,12 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   std::optional<KvCalibration> calibration;
   if (!o.kv_calibration.empty()) {
     calibration = load_kv_calibration(o.kv_calibration);
+    // The file's per-layer assignment sets every layer's types: a type given
+    // as well would be overridden without a word.
+    if (!calibration->assignment.empty() && (!o.kv_dtype.empty() || !o.kv_k.empty() || !o.kv_v.empty()))
+      fail("calibration '{}' assigns each layer's KV types (calibrate --kv-bits): drop --kv-dtype/--kv-k/--kv-v, "
+           "or override layers with --kv-layers",
+           o.kv_calibration);
     apply_kv_calibration(k, *calibration, n_layers, use_static);
   } else if (o.kv_scales == "static") {
     fail("--kv-scales static needs --kv-calibration (run `kvserve calibrate` first)");
@@ -98,6 +106,16 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
     apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
     // Layers the overrides made integer take their static ranges too.
     if (calibration && use_static) apply_kv_static_ranges(k, *calibration, n_layers);
+  }
+  // Outliers (--kv-k-outliers) apply to the integer layers of a mixed cache;
+  // the float ones drop them. With no integer layer at all the codec refuses
+  // them, as for a uniform float cache.
+  auto affine = [](const KvCodecConfig& c) { return kv_dtype_is_affine(c.dtype); };
+  for (bool keys : {true, false}) {
+    auto plane = [keys](KvLayerCodecs& l) -> KvCodecConfig& { return keys ? l.k : l.v; };
+    if (std::any_of(k.layers.begin(), k.layers.end(), [&](KvLayerCodecs& l) { return affine(plane(l)); }))
+      for (KvLayerCodecs& l : k.layers)
+        if (!affine(plane(l))) plane(l).outliers = 0;
   }
   // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
   // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,

@@ -102,6 +102,17 @@ kvserve_error_test(cli.error_bench_bandwidth_zero "--bandwidth-mib must be in"
   bench --model ${MODELS}/stories260K.gguf --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 0)
 kvserve_error_test(cli.error_bench_compare_block_size_large "--compare-block-size 100000 is out of range"
   bench --model ${MODELS}/stories260K.gguf --compare-preset int4 --compare-block-size 100000 --prompt-tokens 8 --gen-tokens 2)
+# A calibration with a per-layer assignment (calibrate --kv-bits 4 on the
+# TinyStories head, 2 chunks of 64) sets every layer's types: an explicit
+# type as well is an error, --kv-layers overrides apply, and outliers asked
+# for all layers stay on the integer ones.
+set(MIXED_CALIB ${CMAKE_SOURCE_DIR}/tests/cli/stories260K_mixed4_calibration.json)
+kvserve_error_test(cli.error_kv_dtype_with_assignment "assigns each layer's KV types"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype fp16 --kv-calibration ${MIXED_CALIB})
+add_test(NAME cli.kv_layers_and_outliers_over_an_assignment
+  COMMAND kvserve generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8
+  --kv-calibration ${MIXED_CALIB} --kv-layers 0:fp16 --kv-k-outliers 1)
+set_tests_properties(cli.kv_layers_and_outliers_over_an_assignment PROPERTIES PASS_REGULAR_EXPRESSION "0:fp16, 1:K int4/static\\+o1")
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
