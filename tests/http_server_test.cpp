@@ -85,7 +85,7 @@ class HttpServerTest : public ::testing::Test {
   // An engine (free-running, or stepped by hand when manual) and a server on a free port.
   void start(EngineOptions eo = {}, HttpServerOptions ho = {}, ApiKeys keys = {}, bool manual = false) {
     eo.threads = 1;
-    if (eo.kv.num_blocks == 0) eo.kv.num_blocks = 512;
+    if (eo.kv.num_blocks == 0 && eo.kv.budget_bytes == 0) eo.kv.num_blocks = 512;
     engine_options_ = eo;
     engine_ = std::make_unique<Engine>(*model_, eo);
     ho.port = 0;
@@ -451,6 +451,30 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
   // The server's own KV type is accepted.
   const Reply ok = post_raw(p, "{" + m + R"("prompt": "x", "max_tokens": 2, "kv": {"k": "fp32", "v": "fp32"}})");
   EXPECT_EQ(ok.status, 200) << ok.raw;
+}
+
+// A quantized cache in a byte budget pays for the FP16 staging of its
+// residual window and of a prefill chunk out of the same pool: a request
+// fits by Engine::max_sequence_tokens, not blocks * block size. Past it the
+// client gets the usual context_length_exceeded on max_tokens (it used to
+// pass here and be refused by the engine with "need 5 KV blocks; the cache
+// has 22", code and param null).
+TEST_F(HttpServerTest, ByteBudgetsCountStagingInTheRequestLimit) {
+  EngineOptions eo;
+  eo.kv.set_dtype(KvDType::Q4_0);
+  eo.kv.budget_bytes = 64 << 10;
+  start(eo);
+  const int64_t most = engine_->max_sequence_tokens();
+  const int64_t blocks = int64_t(engine_->cache().pool().num_blocks()) * engine_->cache().block_size();
+  ASSERT_GT(most, 16);
+  ASSERT_LT(most, blocks);  // staging takes part of the pool
+  const int32_t n = int32_t(encode("Once upon a time").size());
+  const Reply fits = post("/v1/completions", completion("Once upon a time", int32_t(most) - n));
+  EXPECT_EQ(fits.status, 200) << fits.raw;
+  const Reply over = post("/v1/completions", completion("Once upon a time", int32_t(most) - n + 1));
+  EXPECT_EQ(over.status, 400) << over.raw;
+  EXPECT_EQ(over.body["error"]["code"], "context_length_exceeded") << over.raw;
+  EXPECT_EQ(over.body["error"]["param"], "max_tokens") << over.raw;
 }
 
 TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {

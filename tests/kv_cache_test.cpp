@@ -277,10 +277,19 @@ TEST(KvCache, ByteBudgetPaysForStagingSlots) {
   EXPECT_EQ(s.blocks_for_staging, 0);
   EXPECT_FALSE(cache.fits(64 * 16));  // the whole pool leaves nothing for the write's staging
   EXPECT_TRUE(cache.fits(40 * 16, 16));
+  // max_tokens: the edge fits() draws. Written 16 at a time, the window (2
+  // blocks), the block behind the write and the chunk's hold 4 slots of 3
+  // blocks: 64 - 12 = 52 blocks of tokens. A 512-token chunk holds more.
+  EXPECT_EQ(cache.max_tokens(16), 52 * 16);
+  EXPECT_TRUE(cache.fits(cache.max_tokens(16), 16));
+  EXPECT_FALSE(cache.fits(cache.max_tokens(16) + 1, 16));
+  EXPECT_FALSE(cache.fits(cache.max_tokens(512) + 1, 512));
+  EXPECT_LT(cache.max_tokens(512), cache.max_tokens(16));
   // A capacity in blocks counts encoded blocks only.
   o.budget_bytes = 0;
   o.num_blocks = 64;
   EXPECT_EQ(KvCache(c, o).staging_cost_blocks(), 0);
+  EXPECT_EQ(KvCache(c, o).max_tokens(512), 64 * 16);
 }
 
 TEST(KvCache, QuantizedBytesPerTokenIncludeMetadata) {

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -46,15 +47,23 @@ void run(ServeArgs& a) {
   ApiKeys keys = a.api_keys.empty() ? ApiKeys() : ApiKeys::load(a.api_keys);
 
   Engine engine(*model, eo);
+  // A server whose cache cannot hold a request of two tokens would start and
+  // refuse everything: with a byte budget, FP16 staging takes pool blocks too.
+  if (engine.max_sequence_tokens() < 2)
+    fail("the KV cache ({} blocks of {} tokens) cannot hold a request of 2 tokens once the FP16 staging of its "
+         "residual window and of a {}-token prefill chunk is paid for; raise --kv-memory{}",
+         engine.cache().pool().num_blocks(), engine.cache().block_size(), eo.scheduler.max_batch_prefill_tokens,
+         engine.cache().max_tokens(1) >= 2 ? " or lower --max-batch-prefill-tokens" : "");
   HttpServer server(engine, eo, std::move(keys), a.http);
   engine.start();
   const int port = server.start();
   const KvStats kv = engine.stats().kv;
   std::fprintf(stderr,
-               "kvserve: model '%s' (context %d tokens), KV cache %s: %d blocks of %d tokens (%lld bytes/token), "
-               "max %d sequences, %d waiting, %s\n",
+               "kvserve: model '%s' (context %d tokens), KV cache %s: %d blocks of %d tokens (%lld bytes/token; one "
+               "request at most %lld tokens), max %d sequences, %d waiting, %s\n",
                server.model_name().c_str(), model->config().seq_len, kv_description(engine.cache()).c_str(),
-               kv.blocks_total, kv.block_size, (long long)kv.bytes_per_token, eo.scheduler.max_num_seqs,
+               kv.blocks_total, kv.block_size, (long long)kv.bytes_per_token,
+               (long long)std::min<int64_t>(engine.max_sequence_tokens(), model->config().seq_len), eo.scheduler.max_num_seqs,
                eo.max_waiting,
                server.chat_template() ? server.chat_template()->note().c_str() : "no vocabulary: token-id prompts only");
   std::fprintf(stderr, "kvserve: listening on http://%s:%d\n", a.http.host.c_str(), port);

@@ -265,9 +265,15 @@ SubmitResult Engine::submit(Request r) {
   if (total > c.seq_len && !unbounded)
     return invalid(fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length of {}",
                                r.prompt.size(), r.max_tokens, total, c.seq_len));
-  if (!cache_.fits(held, options_.scheduler.max_batch_prefill_tokens))
-    return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", held,
-                               cache_.blocks_for(held), cache_.pool().num_blocks()));
+  if (!cache_.fits(held, options_.scheduler.max_batch_prefill_tokens)) {
+    if (cache_.staging_cost_blocks() == 0)
+      return invalid(fmt::format("prompt + max_tokens = {} tokens need {} KV blocks; the cache has {}", held,
+                                 cache_.blocks_for(held), cache_.pool().num_blocks()));
+    return invalid(fmt::format("prompt + max_tokens = {} tokens do not fit: the KV budget holds at most {} tokens of one "
+                               "sequence once the FP16 staging of its residual window and of a prefill chunk of up to "
+                               "{} tokens is paid for",
+                               held, max_sequence_tokens(), options_.scheduler.max_batch_prefill_tokens));
+  }
   try {
     r.sampling.validate();
   } catch (const Error& e) {

@@ -163,6 +163,9 @@ class Engine {
   const ModelConfig& config() const { return model_.config(); }
   const Model& model() const { return model_; }
   const KvCache& cache() const { return cache_; }
+  // The most tokens (prompt + completion) one request may hold with the full
+  // policy, FP16 staging of the residual window and a prefill chunk included.
+  int64_t max_sequence_tokens() const { return cache_.max_tokens(options_.scheduler.max_batch_prefill_tokens); }
   // Null without prefix caching. Engine thread only (or before start()).
   PrefixCache* prefix_cache() { return prefix_.get(); }
 

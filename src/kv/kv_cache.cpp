@@ -108,6 +108,17 @@ bool KvCache::fits(int64_t n_tokens, int64_t chunk_tokens) const {
   return blocks_for(n_tokens) + staging <= pool_.num_blocks();
 }
 
+int64_t KvCache::max_tokens(int64_t chunk_tokens) const {
+  // fits() only grows harder with n: the largest n it accepts, by bisection.
+  int64_t lo = 0, hi = int64_t(pool_.num_blocks()) * options_.block_size;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid, chunk_tokens)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 bool KvCache::take_staging(int32_t n, std::vector<int32_t>& out) {
   if (n <= 0) return true;
   if (free_staging_.size() < size_t(n)) return false;

@@ -122,6 +122,10 @@ class KvCache {
   // could ever fit (the whole pool, ignoring other sequences; staging slots
   // included where the budget pays for them).
   bool fits(int64_t n_tokens, int64_t chunk_tokens = 1) const;
+  // The most tokens one sequence may hold by fits() (0: not even one). With
+  // a byte budget and a residual window this is below blocks * block_size:
+  // the FP16 staging of the window and of a prefill chunk takes pool blocks.
+  int64_t max_tokens(int64_t chunk_tokens = 1) const;
   // Pool blocks one staging slot in use holds (0: a capacity in blocks, or no staging).
   int32_t staging_cost_blocks() const { return staging_cost_; }
 

@@ -111,7 +111,8 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
                                                    : options_.served_model_name;
   context_length_ = model.config().seq_len;
-  kv_capacity_tokens_ = int64_t(engine.cache().pool().num_blocks()) * engine.cache().block_size();
+  // With a byte budget, FP16 staging takes part of the pool (Engine::max_sequence_tokens).
+  kv_capacity_tokens_ = engine.max_sequence_tokens();
   tokenizer_ = model.tokenizer();
   if (tokenizer_) {
     chat_template_ = ChatTemplate::for_model(model, options_.chat_template);

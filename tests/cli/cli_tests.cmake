@@ -113,6 +113,10 @@ add_test(NAME cli.kv_layers_and_outliers_over_an_assignment
   COMMAND kvserve generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8
   --kv-calibration ${MIXED_CALIB} --kv-layers 0:fp16 --kv-k-outliers 1)
 set_tests_properties(cli.kv_layers_and_outliers_over_an_assignment PROPERTIES PASS_REGULAR_EXPRESSION "0:fp16, 1:K int4/static\\+o1")
+# A byte budget too small for one request once FP16 staging is paid: refused
+# at start, not a server that refuses every request.
+kvserve_error_test(cli.error_serve_budget_below_one_request "cannot hold a request of 2 tokens"
+  serve --model ${MODELS}/stories260K.gguf --port 0 --kv-preset int4-small --kv-memory 64KiB)
 kvserve_error_test(cli.error_kv_outliers_negative "--kv-k-outliers"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-preset int2-small --kv-k-outliers -1)
 kvserve_error_test(cli.error_kv_outliers_float "KV outliers apply to int8, int4 and int2"
