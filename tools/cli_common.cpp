@@ -98,24 +98,21 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
       fail("calibration '{}' assigns each layer's KV types (calibrate --kv-bits): drop --kv-dtype/--kv-k/--kv-v, "
            "or override layers with --kv-layers",
            o.kv_calibration);
-    apply_kv_calibration(k, *calibration, n_layers, use_static);
+    apply_kv_calibration(k, *calibration, n_layers, /*use_static=*/false);  // the assignment; ranges below
   } else if (o.kv_scales == "static") {
     fail("--kv-scales static needs --kv-calibration (run `kvserve calibrate` first)");
   }
-  if (!o.kv_layers.empty()) {
-    apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
-    // Layers the overrides made integer take their static ranges too.
-    if (calibration && use_static) apply_kv_static_ranges(k, *calibration, n_layers);
-  }
+  if (!o.kv_layers.empty()) apply_kv_layers(k, parse_kv_layers(o.kv_layers, n_layers), n_layers);
+  // Static ranges after the overrides, so layers they made integer take theirs too.
+  if (calibration && use_static) apply_kv_static_ranges(k, *calibration, n_layers);
   // Outliers (--kv-k-outliers) apply to the integer layers of a mixed cache;
   // the float ones drop them. With no integer layer at all the codec refuses
   // them, as for a uniform float cache.
-  auto affine = [](const KvCodecConfig& c) { return kv_dtype_is_affine(c.dtype); };
-  for (bool keys : {true, false}) {
-    auto plane = [keys](KvLayerCodecs& l) -> KvCodecConfig& { return keys ? l.k : l.v; };
-    if (std::any_of(k.layers.begin(), k.layers.end(), [&](KvLayerCodecs& l) { return affine(plane(l)); }))
+  for (KvCodecConfig KvLayerCodecs::*plane : {&KvLayerCodecs::k, &KvLayerCodecs::v}) {
+    auto affine = [plane](const KvLayerCodecs& l) { return kv_dtype_is_affine((l.*plane).dtype); };
+    if (std::any_of(k.layers.begin(), k.layers.end(), affine))
       for (KvLayerCodecs& l : k.layers)
-        if (!affine(plane(l))) plane(l).outliers = 0;
+        if (!affine(l)) (l.*plane).outliers = 0;
   }
   // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
   // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,

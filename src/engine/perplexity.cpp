@@ -86,7 +86,6 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   if (available == 0) fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), ctx);
   if (options.chunks == 0 || options.chunks < -1) fail("--chunks must be positive, or -1 for all (got {})", options.chunks);
   const int32_t n_chunks = options.chunks < 0 ? available : std::min(options.chunks, available);
-  if (n_chunks == 0) fail("--chunks must be positive");
   if (options.sparsity.policy != "full" && !options.streaming)
     fail("--kv-policy {} needs --streaming: a prefill of the whole chunk would hide its evictions",
          options.sparsity.policy);
