@@ -269,6 +269,36 @@ TEST_F(TieredKvStoreTest, AFullQueueDropsAndCountsWithoutWaiting) {
   EXPECT_EQ(s.stats().written, 5u);
 }
 
+// A block put a moment ago is found before the writer reaches it: from the
+// batch being written and from the queue, unless a later remove cancels it,
+// and without waiting for the stuck writer.
+TEST_F(TieredKvStoreTest, LookupServesBlocksStillWaitingToBeWritten) {
+  auto gated = std::make_unique<GatedStore>();
+  GatedStore& gate = *gated;
+  std::future<void> entered = gate.entered.get_future();
+  TieredKvStoreOptions o = options(1000);
+  o.write_batch = 1;
+  TieredKvStore s(tiers(std::move(gated)), o);
+  ASSERT_EQ(put_chain(s, 0, 1, 1000), 1u);
+  entered.wait();  // the writer is stuck in the tier with block 0
+  ASSERT_EQ(put_chain(s, 1, 3, 1000), 3u);
+  const std::vector<BlockKey> keys = chain(0, 4);
+  s.remove(std::span(keys).subspan(2, 1));  // block 2: written, then removed
+  Timer timer;
+  const std::vector<LoadedBlock> found = s.lookup(keys);
+  EXPECT_LT(timer.seconds(), 0.5);
+  constexpr int q = LoadedBlock::kFromWriteQueue;
+  EXPECT_EQ(served_by(found, 0, 1000), (std::vector<int>{q, q}));
+  for (size_t i = 0; i < found.size(); ++i)  // sealed records, as a tier would return them
+    EXPECT_EQ(decode_record(*found[i].record, {kIdentity, keys[i], 1000}).status, RecordStatus::Ok);
+  EXPECT_EQ(s.stats().queue_hits, 2u);
+  EXPECT_EQ(s.stats().blocks_found, 2u);
+  gate.release.set_value();
+  s.flush();
+  EXPECT_EQ(served_by(s.lookup(keys), 0, 1000), (std::vector<int>{0, 0}));
+  EXPECT_EQ(s.stats().queue_hits, 2u);
+}
+
 TEST_F(TieredKvStoreTest, QueueByteBoundDropsToo) {
   TieredKvStoreOptions o = options(1000);
   o.queue_bytes = int64_t(kRecord) - 1;

@@ -195,7 +195,8 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
   // As match(): the last prompt token is always computed.
   const int32_t eligible = std::min<int32_t>(int32_t(seq.keys.size()), (int32_t(seq.tokens().size()) - 1) / bs);
   if (have >= eligible) return 0;
-  // Load when that measured cheaper than computing; probe now and then so a
+  // Load when that measured cheaper than computing (medians of recent
+  // samples: one descheduled lookup does not decide); probe now and then so a
   // tier that got faster (or a cache that got warmer) is noticed.
   if (local_.tier_load_ms_per_block > 0 && local_.recompute_ms_per_block > 0 &&
       local_.tier_load_ms_per_block > local_.recompute_ms_per_block && ++skipped_since_probe_ < 16) {
@@ -219,8 +220,8 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
     stored_.clear();
   }
   const double ms = timer.seconds() * 1e3 / double(std::max(loaded, 1));
-  local_.tier_load_ms_per_block =
-      local_.tier_load_ms_per_block == 0 ? ms : 0.8 * local_.tier_load_ms_per_block + 0.2 * ms;
+  tier_load_ms_.add(ms);
+  local_.tier_load_ms_per_block = tier_load_ms_.value();
   local_.tier_blocks_loaded += loaded;
   return loaded;
 }
@@ -422,8 +423,8 @@ bool Engine::run_step() {
     int64_t tokens = 0;
     for (const ScheduledChunk& c : plan.chunks) tokens += c.n_tokens;
     const double ms = timer.seconds() * 1e3 * cache_.block_size() / double(tokens);
-    local_.recompute_ms_per_block =
-        local_.recompute_ms_per_block == 0 ? ms : 0.8 * local_.recompute_ms_per_block + 0.2 * ms;
+    recompute_ms_.add(ms);
+    local_.recompute_ms_per_block = recompute_ms_.value();
   }
   ++local_.steps;
   local_.max_running = std::max(local_.max_running, int32_t(scheduler_.num_running()));

@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "store/tiered_kv_store.h"
 #include "util/histogram.h"
+#include "util/recent_median.h"
 #include "util/thread_pool.h"
 
 namespace kvserve {
@@ -122,8 +123,8 @@ struct EngineStats {
   int64_t tier_lookups_skipped = 0;     // admissions that recomputed because loading measured slower
   int64_t tier_blocks_loaded = 0;       // blocks imported from a tier instead of computed
   int64_t tier_blocks_written = 0;      // published blocks queued for the tiers
-  double tier_load_ms_per_block = 0;    // measured: lookup + import, per block found (moving average)
-  double recompute_ms_per_block = 0;    // measured: prefill time per block of tokens (moving average)
+  double tier_load_ms_per_block = 0;    // measured: lookup + import, per block found (median of the last 9 lookups)
+  double recompute_ms_per_block = 0;    // measured: prefill time per block of tokens (median of the last 9 prefill steps)
   Histogram ttft = Histogram::latency_seconds();   // arrival → first token
   Histogram tpot = Histogram::latency_seconds();   // between consecutive tokens of a request
   Histogram e2e = Histogram::latency_seconds();    // arrival → last event
@@ -199,6 +200,7 @@ class Engine {
   std::vector<CacheEvent> stored_;        // blocks the prefix cache stored since the last write_published
   std::vector<uint8_t> block_bytes_;      // export buffer, one block
   int32_t skipped_since_probe_ = 0;       // tier lookups skipped since the last one made
+  RecentMedian tier_load_ms_, recompute_ms_;  // per block; the medians are published in local_
   std::map<std::string, TenantId> tenants_;  // tenant name -> prefix-cache account
   std::string tenant_secret_;
   Scheduler scheduler_;

@@ -2,6 +2,7 @@
 
 #include <cassert>
 #include <cstring>
+#include <unordered_map>
 
 #include "util/error.h"
 #include "util/timer.h"
@@ -82,10 +83,41 @@ bool TieredKvStore::put(const BlockKey& key, ByteView payload, const ChainTag& c
   return put(std::span(&key, 1), std::span(&payload, 1), chain) == 1;
 }
 
+std::vector<std::shared_ptr<const Bytes>> TieredKvStore::pending_writes(std::span<const BlockKey> keys) const {
+  std::vector<std::shared_ptr<const Bytes>> found(keys.size());
+  std::unordered_map<BlockKey, size_t, BlockKeyHash> index;
+  for (size_t i = 0; i < keys.size(); ++i) index.emplace(keys[i], i);
+  // In queue order, so the latest write or remove of a key decides.
+  auto see = [&](bool remove, const BlockKey& key, const std::shared_ptr<const Bytes>& buffer) {
+    const auto it = index.find(key);
+    if (it != index.end()) found[it->second] = remove ? nullptr : buffer;
+  };
+  std::lock_guard lock(queue_mu_);
+  if (queue_.empty() && in_flight_.empty()) return found;
+  for (const InFlight& f : in_flight_) see(f.remove, f.key, f.buffer);
+  for (const Job& job : queue_) see(job.remove, job.key, job.unsealed ? job.unsealed : job.record);
+  return found;
+}
+
 std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, const ChainTag& chain) {
   Timer timer;
   std::vector<LoadedBlock> out;
   out.reserve(keys.size());
+  const std::vector<std::shared_ptr<const Bytes>> pending = pending_writes(keys);
+  // Extends the run with queued blocks: a sealed copy of the payload (the
+  // writer may be filling the queued buffer's header right now).
+  auto take_pending = [&] {
+    while (out.size() < keys.size() && pending[out.size()]) {
+      const Bytes& queued = *pending[out.size()];
+      auto record = std::make_shared<Bytes>(queued.size());
+      std::memcpy(record->data() + kRecordHeaderBytes, queued.data() + kRecordHeaderBytes,
+                  queued.size() - kRecordHeaderBytes);
+      write_record_header(options_.identity, keys[out.size()], *record);
+      out.push_back(LoadedBlock{std::move(record), LoadedBlock::kFromWriteQueue});
+      queue_hits_.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  take_pending();
   for (size_t t = 0; t < tiers_.size() && out.size() < keys.size(); ++t) {
     const std::span<const BlockKey> rest = keys.subspan(out.size());
     std::vector<std::optional<Bytes>> got = tiers_[t]->get_leading(rest, chain);
@@ -112,6 +144,7 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
       std::lock_guard lock(queue_mu_);
       promotions_ += n;
     }
+    take_pending();
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);
   blocks_requested_.fetch_add(keys.size(), std::memory_order_relaxed);
@@ -168,6 +201,7 @@ void TieredKvStore::writer_loop() {
           queued_bytes_ -= int64_t(job.bytes());
           --queued_writes_;
         }
+        in_flight_.push_back(InFlight{job.remove, job.key, job.unsealed ? job.unsealed : job.record});
         batch.push_back(std::move(job));
         queue_.pop_front();
       }
@@ -178,6 +212,7 @@ void TieredKvStore::writer_loop() {
       std::lock_guard lock(queue_mu_);
       if (!batch.front().remove) written_ += batch.size();
       writing_ = false;
+      in_flight_.clear();
       if (queue_.empty()) idle_cv_.notify_all();
     }
     batch.clear();
@@ -208,6 +243,7 @@ TieredStats TieredKvStore::stats() const {
   s.lookups = lookups_.load(std::memory_order_relaxed);
   s.blocks_requested = blocks_requested_.load(std::memory_order_relaxed);
   s.blocks_found = blocks_found_.load(std::memory_order_relaxed);
+  s.queue_hits = queue_hits_.load(std::memory_order_relaxed);
   s.lookup_latency = lookup_latency_.snapshot();
   std::lock_guard lock(queue_mu_);
   s.enqueued = enqueued_;

@@ -13,7 +13,10 @@
 // Read path: lookup() takes the keys of the next blocks of a chain and asks
 // the tiers in order, one batched call per tier, each for the keys no earlier
 // tier had; it returns the leading run of blocks found (stopping at the first
-// key no tier has). A block found in a lower tier is copied into the tiers
+// key no tier has). Blocks still waiting in the write queue (or being written)
+// are served from there first: a block put a moment ago is found whether or
+// not the writer has caught up, so a preempted sequence readmitted at once
+// gets its blocks back on a busy machine as on an idle one. A block found in a lower tier is copied into the tiers
 // above it (promotion, through the writer). A record that fails its check in a
 // tier (damaged, or another model's, codec's or block size's) is counted as
 // corrupt there and treated as a miss there: the next tier may still hold a
@@ -48,7 +51,8 @@ struct TieredKvStoreOptions {
 // One block found by lookup().
 struct LoadedBlock {
   std::shared_ptr<const Bytes> record;  // header + payload, already checked
-  int tier = 0;                         // index of the tier that served it
+  int tier = 0;                         // index of the tier that served it; kFromWriteQueue if none yet had it
+  static constexpr int kFromWriteQueue = -1;
   ByteView payload() const { return ByteView(*record).subspan(kRecordHeaderBytes); }
 };
 
@@ -57,6 +61,7 @@ struct TieredStats {
   uint64_t lookups = 0;          // lookup() calls
   uint64_t blocks_requested = 0; // keys passed to lookup()
   uint64_t blocks_found = 0;     // blocks lookup() returned
+  uint64_t queue_hits = 0;       // of those, served from the write queue before any tier had them
   uint64_t enqueued = 0;         // blocks put() accepted
   uint64_t dropped = 0;          // blocks put() (or a promotion) refused: queue full
   uint64_t written = 0;          // blocks the writer has offered to their tiers (tier stats say which stored them)
@@ -111,6 +116,9 @@ class TieredKvStore {
     size_t first_tier = 0, end_tier = 0;  // applies to tiers [first_tier, end_tier)
   };
 
+  // For each key, the payload of its latest write still queued or being
+  // written (null if none, or if a later remove cancels it).
+  std::vector<std::shared_ptr<const Bytes>> pending_writes(std::span<const BlockKey> keys) const;
   // Queues write jobs unless the bounds say no; returns how many were queued.
   size_t enqueue_writes(std::vector<Job> jobs);
   void enqueue_remove(std::vector<Job> jobs);
@@ -127,9 +135,18 @@ class TieredKvStore {
   int64_t queued_bytes_ = 0;          // guarded by queue_mu_: record bytes of queued writes
   size_t queued_writes_ = 0;          // guarded by queue_mu_: write jobs queued
   bool writing_ = false;              // guarded by queue_mu_: the writer holds a batch
+  // guarded by queue_mu_: the batch the writer holds, as (remove, key, buffer)
+  // so lookups still see it. Only the payload bytes are read through buffer:
+  // the writer fills the header of an unsealed one meanwhile.
+  struct InFlight {
+    bool remove;
+    BlockKey key;
+    std::shared_ptr<const Bytes> buffer;
+  };
+  std::vector<InFlight> in_flight_;
   bool stop_ = false;                 // guarded by queue_mu_
   uint64_t enqueued_ = 0, dropped_ = 0, written_ = 0, promotions_ = 0;  // guarded by queue_mu_
-  std::atomic<uint64_t> lookups_{0}, blocks_requested_{0}, blocks_found_{0};
+  std::atomic<uint64_t> lookups_{0}, blocks_requested_{0}, blocks_found_{0}, queue_hits_{0};
   LatencyHistogram lookup_latency_;
   std::thread writer_;
 };
