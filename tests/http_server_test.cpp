@@ -411,7 +411,9 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("prompt": "x", "max_tokens": "many"})", "max_tokens", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "max_tokens": 100000})", "max_tokens", "context_length_exceeded"},
       {p, "{" + m + R"("prompt": )" + long_prompt + "}", "prompt", "context_length_exceeded"},
-      {p, "{" + m + R"("prompt": [1, 99999]})", "prompt", ""},
+      {p, "{" + m + R"("prompt": [1, 99999]})", "prompt", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"budget": 16}})", "kv.budget", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "kv": {"pin": "yes"}})", "kv.pin", "invalid_type"},
       {p, "{" + m + R"("prompt": 7})", "prompt", "invalid_type"},
       {p, "{" + m + R"("max_tokens": 4})", "prompt", "missing_required_parameter"},
       {p, R"({"model": "gpt-4", "prompt": "x"})", "model", "model_not_found"},
@@ -475,6 +477,39 @@ TEST_F(HttpServerTest, ByteBudgetsCountStagingInTheRequestLimit) {
   EXPECT_EQ(over.status, 400) << over.raw;
   EXPECT_EQ(over.body["error"]["code"], "context_length_exceeded") << over.raw;
   EXPECT_EQ(over.body["error"]["param"], "max_tokens") << over.raw;
+}
+
+// The request limits follow the request's KV policy, as the engine does: a
+// window holds its budget however long the completion, and sinks run past
+// the context. Without a policy the same requests are refused.
+TEST_F(HttpServerTest, RequestLimitsFollowTheRequestsKvPolicy) {
+  EngineOptions eo;
+  eo.kv.block_size = 16;
+  eo.kv.num_blocks = 12;  // 192 tokens
+  eo.scheduler.max_batch_prefill_tokens = 32;  // a window holds its budget + one chunk
+  eo.kv.k.pre_rope = true;                     // sinks past the context re-rotate keys
+  start(eo);
+  ASSERT_EQ(engine_->max_sequence_tokens(), 192);
+  auto ask = [&](int32_t max_tokens, const json& kv) {
+    json b = completion("Once upon a time", max_tokens);
+    b["ignore_eos"] = true;
+    if (!kv.is_null()) b["kv"] = kv;
+    return post("/v1/completions", b);
+  };
+  const Reply full = ask(300, nullptr);
+  EXPECT_EQ(full.status, 400) << full.raw;
+  EXPECT_EQ(full.body["error"]["code"], "context_length_exceeded") << full.raw;
+  const Reply window = ask(300, {{"policy", "window"}, {"budget", 64}});
+  ASSERT_EQ(window.status, 200) << window.raw;
+  EXPECT_EQ(window.body["usage"]["completion_tokens"], 300);
+  // Past the model's 512 positions: only sinks may go there.
+  const Reply past = ask(600, {{"policy", "window"}, {"budget", 64}});
+  EXPECT_EQ(past.status, 400) << past.raw;
+  EXPECT_EQ(past.body["error"]["param"], "max_tokens") << past.raw;
+  const Reply sinks = ask(600, {{"policy", "sinks"}, {"budget", 64}});
+  ASSERT_EQ(sinks.status, 200) << sinks.raw;
+  EXPECT_EQ(sinks.body["usage"]["completion_tokens"], 600);
+  EXPECT_EQ(engine_->stats().kv.blocks_used, 0);
 }
 
 TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {

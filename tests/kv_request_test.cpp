@@ -75,6 +75,8 @@ TEST_F(KvRequestTest, SparsityNeedsAPolicyTheServerOffers) {
   e = check_kv_request({"", "", "", 64}, limits);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->message, "'kv.budget' needs a 'kv.policy'");
+  EXPECT_EQ(e->param, "kv.budget");
+  EXPECT_EQ(e->code, "invalid_value");
 }
 
 }  // namespace

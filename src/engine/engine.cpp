@@ -235,6 +235,17 @@ double Engine::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
 }
 
+SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t total) const {
+  const SparsityOptions& s = sparsity.policy.empty() ? options_.sparsity : sparsity;
+  SequenceFootprint fp{total, false};
+  if (s.policy == "full") return fp;
+  const std::unique_ptr<SparsityPolicy> probe = make_sparsity_policy(s, cache_);
+  const int64_t most = probe->max_tokens_held(options_.scheduler.max_batch_prefill_tokens);
+  if (most >= 0) fp.held_tokens = std::min(total, most);
+  fp.unbounded_positions = probe->unbounded_positions();
+  return fp;
+}
+
 SubmitResult Engine::submit(Request r) {
   const ModelConfig& c = model_.config();
   auto invalid = [](std::string message) {
@@ -248,22 +259,15 @@ SubmitResult Engine::submit(Request r) {
   const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
   if (int64_t(r.prompt.size()) >= c.seq_len)
     return invalid(fmt::format("the prompt has {} tokens; the model's context length is {}", r.prompt.size(), c.seq_len));
-  // The policy decides how many tokens the sequence holds and whether it may
-  // run past the context (sinks: positions within the cache).
   if (r.sparsity.policy.empty()) r.sparsity = options_.sparsity;
-  int64_t held = total;
-  bool unbounded = false;
-  if (r.sparsity.policy != "full") {
-    try {
-      const std::unique_ptr<SparsityPolicy> probe = make_sparsity_policy(r.sparsity, cache_);
-      const int64_t most = probe->max_tokens_held(options_.scheduler.max_batch_prefill_tokens);
-      if (most >= 0) held = std::min(held, most);
-      unbounded = probe->unbounded_positions();
-    } catch (const Error& e) {
-      return invalid(e.what());
-    }
+  SequenceFootprint fp;
+  try {
+    fp = footprint(r.sparsity, total);
+  } catch (const Error& e) {
+    return invalid(e.what());
   }
-  if (total > c.seq_len && !unbounded)
+  const int64_t held = fp.held_tokens;
+  if (total > c.seq_len && !fp.unbounded_positions)
     return invalid(fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length of {}",
                                r.prompt.size(), r.max_tokens, total, c.seq_len));
   if (!cache_.fits(held, options_.scheduler.max_batch_prefill_tokens)) {

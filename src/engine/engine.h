@@ -131,6 +131,12 @@ struct EngineStats {
   double busy_seconds = 0;              // time spent in steps that ran the model
 };
 
+// What one request occupies under its sparsity policy (Engine::footprint).
+struct SequenceFootprint {
+  int64_t held_tokens = 0;           // most tokens in the cache at once
+  bool unbounded_positions = false;  // positions may run past the context (sinks)
+};
+
 class Engine {
  public:
   // The model must outlive the engine. Throws kvserve::Error on bad options.
@@ -167,6 +173,11 @@ class Engine {
   // The most tokens (prompt + completion) one request may hold with the full
   // policy, FP16 staging of the residual window and a prefill chunk included.
   int64_t max_sequence_tokens() const { return cache_.max_tokens(options_.scheduler.max_batch_prefill_tokens); }
+  // A request of `total` tokens (prompt + max_tokens) under `sparsity` (the
+  // engine's default policy when its policy is empty): an evicting policy
+  // holds at most its budget, sinks may run past the context. Throws
+  // kvserve::Error for a policy this cache cannot run. Thread-safe.
+  SequenceFootprint footprint(const SparsityOptions& sparsity, int64_t total) const;
   // Null without prefix caching. Engine thread only (or before start()).
   PrefixCache* prefix_cache() { return prefix_.get(); }
 

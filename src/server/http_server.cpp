@@ -325,23 +325,23 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   if (chat) {
     if (!chat_template_)
       return invalid_request("this model has no vocabulary, so it cannot chat; send token ids to /v1/completions",
-                             "messages");
+                             "messages", "invalid_value");
     try {
       r->prompt = chat_template_->render(cr.messages);
     } catch (const Error& e) {
-      return invalid_request(e.what(), "messages");
+      return invalid_request(e.what(), "messages", "invalid_value");
     }
   } else if (cr.prompt_is_tokens) {
     r->prompt = cr.prompt_tokens;
     const int32_t vocab = engine_.config().vocab_size;
     for (int32_t t : r->prompt)
       if (t >= vocab) return invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", t, vocab),
-                                             "prompt");
+                                             "prompt", "invalid_value");
   } else {
-    if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt");
+    if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt", "invalid_value");
     r->prompt = tokenizer_->encode(cr.prompt_text, tokenizer_->add_bos_default());
   }
-  if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param);
+  if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param, "invalid_value");
   r->pin_prefix = cr.kv.pin;
   if (!cr.kv.policy.empty()) {
     // The engine checks the policy against its cache and budget (400 on error).
@@ -365,15 +365,26 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   const int64_t room = std::min<int64_t>(context_length_, kv_capacity_tokens_) - n;
   int64_t max_tokens = cr.max_tokens;
   if (max_tokens == 0) max_tokens = chat ? room : std::min<int64_t>(16, room);
-  if (max_tokens < 1 || n + max_tokens > context_length_)
+  // The request's policy decides what it holds: an evicting one at most its
+  // budget, sinks past the context (the engine checks the same).
+  SequenceFootprint fp;
+  try {
+    fp = engine_.footprint(r->sparsity, n + std::max<int64_t>(max_tokens, 1));
+  } catch (const Error& e) {
+    return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
+  }
+  if (max_tokens < 1 || (n + max_tokens > context_length_ && !fp.unbounded_positions))
     return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
                                        "{} completion tokens = {}",
                                        context_length_, n, max_tokens, n + max_tokens),
                            cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
-  if (n + max_tokens > kv_capacity_tokens_)
+  if (fp.held_tokens > kv_capacity_tokens_)
     return invalid_request(fmt::format("the server's KV cache holds {} tokens; the request needs {} prompt + {} "
-                                       "completion tokens = {}",
-                                       kv_capacity_tokens_, n, max_tokens, n + max_tokens),
+                                       "completion tokens = {}{}",
+                                       kv_capacity_tokens_, n, max_tokens, n + max_tokens,
+                                       fp.held_tokens < n + max_tokens
+                                           ? fmt::format(", of which its KV policy keeps {}", fp.held_tokens)
+                                           : ""),
                            cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
   r->max_tokens = int32_t(max_tokens);
   r->sampling = cr.sampling;
@@ -493,7 +504,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   if (s.status != SubmitResult::Status::Accepted) {
     end_request(ticket);
     if (s.status == SubmitResult::Status::Invalid) {
-      send_error(res, invalid_request(s.error));
+      send_error(res, invalid_request(s.error, {}, "invalid_request"));
     } else {
       bool draining;
       {

@@ -65,7 +65,7 @@ std::optional<ApiError> check_kv_request(const KvRequest& kv, const KvRequestLim
     if (limits.policies.empty())
       return invalid_request("this server offers no KV sparsity policies yet ('kv.policy', 'kv.budget'); omit them",
                              param, "unsupported_kv_config");
-    if (kv.policy.empty()) return invalid_request("'kv.budget' needs a 'kv.policy'", "kv.budget");
+    if (kv.policy.empty()) return invalid_request("'kv.budget' needs a 'kv.policy'", "kv.budget", "invalid_value");
     bool known = false;
     std::string names;
     for (const std::string& p : limits.policies) {

@@ -48,10 +48,11 @@ const json* field(const json& obj, const char* name) {
   return &*it;
 }
 
-bool read_bool(const json& obj, const char* name, bool fallback) {
+// param: the field's full name in errors ("kv.pin"); name by default.
+bool read_bool(const json& obj, const char* name, bool fallback, const char* param = nullptr) {
   const json* f = field(obj, name);
   if (!f) return fallback;
-  if (!f->is_boolean()) wrong_type(name, "a boolean", *f);
+  if (!f->is_boolean()) wrong_type(param ? param : name, "a boolean", *f);
   return f->get<bool>();
 }
 
@@ -194,7 +195,7 @@ void parse_kv(const json& body, KvRequest& kv) {
   kv.k = read_string(*k, "k", "kv.k");
   kv.v = read_string(*k, "v", "kv.v");
   kv.policy = read_string(*k, "policy", "kv.policy");
-  kv.pin = read_bool(*k, "pin", false);
+  kv.pin = read_bool(*k, "pin", false, "kv.pin");
   if (const json* b = field(*k, "budget")) {
     const int64_t v = as_integer(*b, "kv.budget");
     if (v < 1 || v > std::numeric_limits<int32_t>::max())
@@ -288,7 +289,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     if (!r.stream) reject("'stream_options' is only allowed when 'stream' is true", "stream_options");
-    r.include_usage = read_bool(*so, "include_usage", false);
+    r.include_usage = read_bool(*so, "include_usage", false, "stream_options.include_usage");
   }
   r.ignore_eos = read_bool(body, "ignore_eos", false);
   if (const json* u = field(body, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
