@@ -35,7 +35,10 @@ class EngineTest : public ::testing::Test {
     tok = &model->require_tokenizer();
   }
   // Greedy tokens generate() produces for `prompt` with max_tokens new tokens.
-  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv) {
+  // With a sparsity policy, prefill_chunk matters (an evicting policy
+  // evicts after each pass): the engine's max_batch_prefill_tokens.
+  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv,
+                             const SparsityOptions& sparsity = {}, int32_t prefill_chunk = 512) {
     ThreadPool pool(1);
     KvCacheOptions o = kv;
     o.num_blocks = 0;
@@ -45,6 +48,8 @@ class EngineTest : public ::testing::Test {
     GenerateOptions g;
     g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;  // positions after BOS, as llama2.c
     g.sampling.temperature = 0;
+    g.sparsity = sparsity;
+    g.prefill_chunk = prefill_chunk;
     GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
     return std::vector<int32_t>(r.tokens.begin() + long(prompt.size()), r.tokens.end());
   }
@@ -88,7 +93,8 @@ EngineStats expect_batched_equals_alone(EngineTest& t, EngineOptions o, int32_t 
   for (auto& [id, c] : out) {
     const size_t i = which[id];
     const std::vector<int32_t> prompt = t.tok->encode(kPrompts[i], true);
-    const std::vector<int32_t> want = t.alone(prompt, max_tokens - int32_t(i), o.kv);
+    const std::vector<int32_t> want =
+        t.alone(prompt, max_tokens - int32_t(i), o.kv, o.sparsity, o.scheduler.max_batch_prefill_tokens);
     EXPECT_EQ(c.tokens, want) << "prompt " << i;
     EXPECT_NE(c.finish, FinishReason::None);
     EXPECT_EQ(c.usage.prompt_tokens, int32_t(prompt.size()));
@@ -132,6 +138,70 @@ TEST_F(EngineTest, QuantizedCacheWithPreemptionKeepsOutputsExact) {
   o.kv.num_blocks = 24;
   o.scheduler.max_batch_prefill_tokens = 9;
   EXPECT_GT(expect_batched_equals_alone(*this, o, 50).preemptions, 0);
+}
+
+// Greedy outputs under a sparsity policy do not depend on load either: with
+// prompts chunked by a shared budget and sequences preempted, each equals
+// the sequence run alone with the same policy and chunk size.
+TEST_F(EngineTest, SparsityPoliciesUnderPreemptionKeepOutputsExact) {
+  for (const char* policy : {"window", "sinks", "h2o", "snapkv", "topk", "ann"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions o;
+    o.threads = 2;
+    o.kv.block_size = 4;
+    o.kv.num_blocks = 28;
+    o.scheduler.max_batch_prefill_tokens = 7;
+    o.scheduler.max_num_seqs = 6;
+    o.kv.k.pre_rope = std::string(policy) == "sinks";  // sinks re-rotate keys within the cache
+    o.sparsity.policy = policy;
+    o.sparsity.budget = 16;
+    const EngineStats s = expect_batched_equals_alone(*this, o, 60);
+    EXPECT_GT(s.preemptions, 0);
+  }
+}
+
+// The prefix cache shares KV only where it does not depend on a policy: a
+// topk sequence matches nothing (its block summaries are built from the keys
+// it computes) and publishes its prompt only (its generated tokens' KV
+// depends on the blocks it chose to read). Each request equals itself alone.
+TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 256;
+  SparsityOptions topk;
+  topk.policy = "topk";
+  topk.budget = 8;
+  Engine engine(*model, o);
+  std::map<RequestId, Collected> out;
+  auto run = [&](Request r) {
+    const RequestId id = engine.submit(std::move(r)).id;
+    engine.run_until_idle();
+    return out[id].tokens;
+  };
+  const std::vector<int32_t> prompt = tok->encode(kPrompts[4], true);
+  // A full-attention request publishes the prompt's blocks and more.
+  const std::vector<int32_t> full = run(request(kPrompts[4], 40, out));
+  EXPECT_EQ(full, alone(prompt, 40, o.kv));
+  // The same prompt under topk computes its own.
+  Request sparse = request(kPrompts[4], 60, out);
+  sparse.sparsity = topk;
+  const std::vector<int32_t> got = run(sparse);
+  EXPECT_EQ(got, alone(prompt, 60, o.kv, topk, o.scheduler.max_batch_prefill_tokens));
+  EXPECT_EQ(out.rbegin()->second.usage.cached_tokens, 0);
+  // A full-attention request continuing the topk one finds the full one's
+  // blocks (as far as both texts agree), never the topk one's generated ones.
+  Request next = request("", 20, out);
+  next.prompt = prompt;
+  next.prompt.insert(next.prompt.end(), got.begin(), got.end());
+  std::vector<int32_t> full_text = prompt;
+  full_text.insert(full_text.end(), full.begin(), full.end());
+  const size_t agree = size_t(std::mismatch(next.prompt.begin(), next.prompt.end(), full_text.begin(), full_text.end()).first -
+                              next.prompt.begin());
+  ASSERT_LT(agree, next.prompt.size() - 8);  // topk's own blocks would have matched further
+  EXPECT_EQ(run(next), alone(next.prompt, 20, o.kv));
+  EXPECT_LE(out.rbegin()->second.usage.cached_tokens, int32_t(agree));
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
 }
 
 // Preemption recomputes, but a preempted sequence's full blocks were

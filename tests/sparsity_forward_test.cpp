@@ -32,12 +32,14 @@ class StoriesSparsity : public ::testing::Test {
     tokens = model->require_tokenizer().encode(text, true);
   }
 
-  // Logits of every token, run one token per forward pass with `policy`.
-  std::vector<float> decode_all(KvCache& cache, SparsityPolicy* policy) {
+  // Logits of every token, run one token per forward pass with `policy`, as
+  // decode steps or as 1-token prefill chunks.
+  std::vector<float> decode_all(KvCache& cache, SparsityPolicy* policy, bool decode = true) {
     BlockTable table;
     std::vector<BatchEntry> batch(1);
     batch[0].table = &table;
     batch[0].policy = policy;
+    batch[0].decode = decode;
     Logits logits;
     std::vector<float> all;
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -106,6 +108,17 @@ TEST_F(StoriesSparsity, PrefillChunksUnderReadTimePoliciesReadEverything) {
   for (const std::string name : {"topk", "ann"}) {
     auto p = make_sparsity_policy(policy(name, 16), cache);
     EXPECT_LE(worst_difference(prefill(p.get()), dense), 1e-6f) << name;
+  }
+  // However short the chunks: a prompt split into 1-token chunks (a budget
+  // shared with other sequences can do that) reads everything too, so the
+  // KV a prefix cache shares does not depend on the policy. Run as decode
+  // steps, the same tokens do choose their reads.
+  const std::vector<float> one_by_one = decode_all(cache, nullptr);
+  for (const std::string name : {"topk", "ann"}) {
+    auto p = make_sparsity_policy(policy(name, 16), cache);
+    EXPECT_EQ(decode_all(cache, p.get(), false), one_by_one) << name;
+    p = make_sparsity_policy(policy(name, 16), cache);
+    EXPECT_NE(decode_all(cache, p.get(), true), one_by_one) << name;
   }
 }
 

@@ -156,6 +156,7 @@ struct DecodeSubject {
   void forward(Transformer& transformer, std::span<const int32_t> new_tokens, const char* phase) {
     if (!cache->reserve(table, int32_t(new_tokens.size()))) fail("out of KV blocks during {}; raise --kv-blocks or --kv-memory", phase);
     batch[0].tokens = new_tokens;
+    batch[0].decode = std::string_view(phase) == "decode";
     transformer.forward(batch, *cache, logits);
   }
   void fill(int32_t positions, const ModelConfig& c) {

@@ -78,13 +78,17 @@ Engine::Engine(const Model& model, const EngineOptions& options)
 PrefixHooks Engine::prefix_hooks() {
   if (!prefix_) return {};
   PrefixHooks h;
+  // A sequence under a sparsity policy computes its KV from the start (its
+  // policy's state is built from the keys it computes); it may publish the
+  // tokens whose KV anyone may share (Sequence::shareable_tokens).
+  auto shareable = [](const Sequence& seq) { return std::span(seq.tokens()).first(size_t(seq.shareable_tokens())); };
   h.cached_tokens = [this](Sequence& seq) {
-    if (seq.evicting()) return 0;
+    if (seq.policy) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     return prefix_->cached_tokens(seq.scope, seq.keys, int32_t(seq.tokens().size()));
   };
   h.inflight_tokens = [this](Sequence& seq) {
-    if (seq.evicting()) return 0;
+    if (seq.policy) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     // Leading blocks seq shares with a running sequence that will have computed
     // them when its prefill ends (its keys cover its whole prompt by then).
@@ -98,15 +102,16 @@ PrefixHooks Engine::prefix_hooks() {
     return int32_t(best) * cache_.block_size();
   };
   h.match = [this](Sequence& seq) {
-    if (seq.evicting()) return 0;
+    if (seq.policy) return 0;
     prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
     const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);
     seq.checkpoint = m.checkpoint_tokens;
     return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };
-  h.release = [this](Sequence& seq) {
+  h.release = [this, shareable](Sequence& seq) {
     if (seq.evicting()) return cache_.release(seq.table);
-    prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.table.num_tokens)), seq.keys);
+    prefix_->block_keys(seq.scope, shareable(seq).first(size_t(std::min(seq.table.num_tokens, seq.shareable_tokens()))),
+                        seq.keys);
     prefix_->release(seq.scope, seq.table, seq.keys);
     write_published(seq);
   };
@@ -144,7 +149,8 @@ CacheScope Engine::scope_for(const Request& r) {
 
 void Engine::publish_prefix(Sequence& seq) {
   if (!prefix_ || seq.evicting()) return;
-  prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(seq.num_computed)), seq.keys);
+  prefix_->block_keys(seq.scope, std::span(seq.tokens()).first(size_t(std::min(seq.num_computed, seq.shareable_tokens()))),
+                      seq.keys);
   prefix_->publish(seq.scope, seq.table, seq.keys);
   write_published(seq);
   if (seq.request().pin_prefix && !seq.pinned && seq.num_computed >= seq.num_prompt()) {
@@ -412,6 +418,7 @@ bool Engine::run_step() {
     Sequence* seq = plan.chunks[i].seq;
     batch[i].table = &seq->table;
     batch[i].policy = seq->policy.get();
+    batch[i].decode = seq->decoding();
     batch[i].tokens = std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
   }
   try {

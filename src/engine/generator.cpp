@@ -81,6 +81,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
       fail("out of KV blocks during decode");
     }
     batch[0].tokens = std::span<const int32_t>(&result.tokens.back(), 1);
+    batch[0].decode = true;
     step();
     kept_sum += table.live_tokens();
     ++decode_steps;

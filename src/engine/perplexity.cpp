@@ -60,6 +60,7 @@ void run_chunk(Transformer& transformer, KvCache& cache, const std::vector<int32
       fail("out of KV blocks while scoring a chunk");
     }
     batch[0].tokens = std::span<const int32_t>(chunk.data() + start, size_t(n));
+    batch[0].decode = n == 1;  // scoring token by token is decoding: read-time choices apply
     transformer.forward(batch, cache, logits);
     // Row k of this pass is position start + k; score positions first .. ctx-2.
     for (int32_t k = 0; k < n; ++k) {

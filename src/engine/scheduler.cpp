@@ -79,9 +79,11 @@ bool Scheduler::admit(Sequence* seq, int32_t budget) {
   assert(seq->table.blocks.empty());
   const int32_t matched = prefix_.match ? prefix_.match(*seq) : 0;
   seq->num_computed = matched;
+  // Generated tokens of a fixed-steps sequence are replayed as decode steps.
+  seq->prefill_end = seq->fixed_steps() ? std::max(matched, seq->num_prompt()) : int32_t(seq->tokens().size());
   seq->cached_tokens = std::min(matched, seq->num_prompt());
-  // Blocks for the whole pending prompt, or for its first chunk under an
-  // evicting policy (which holds at most its budget, however long the prompt).
+  // Blocks for all that is pending, or for the first chunk under an evicting
+  // policy (which holds at most its budget, however long the prompt).
   const int32_t reserve = seq->evicting() ? std::min(seq->chunk_limit(), options_.max_batch_prefill_tokens)
                                           : seq->num_pending();
   // Staging slots (FP16 residual) only for the chunk this step writes; later
@@ -100,8 +102,11 @@ bool Scheduler::admit(Sequence* seq, int32_t budget) {
     seq->checkpoint = 0;
     return false;
   }
-  seq->prefill_end = int32_t(seq->tokens().size());
   return true;
+}
+
+int32_t Scheduler::whole_chunk(const Sequence& seq) const {
+  return seq.fixed_steps() ? std::min(seq.chunk_limit(), options_.max_batch_prefill_tokens) : 1;
 }
 
 SchedulePlan Scheduler::schedule() {
@@ -113,17 +118,21 @@ SchedulePlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* seq = running_[i];
     if (seq->decoding()) {
+      // One token a step: the newest sampled one, or the next generated
+      // token a fixed-steps sequence replays after a preemption.
       bool self_preempted = false;
-      while (!cache_.reserve(seq->table, seq->num_pending())) {
+      while (!cache_.reserve(seq->table, 1)) {
         Sequence* victim = running_.back();
         self_preempted = victim == seq;
         preempt(victim, plan);
         if (self_preempted) break;
       }
       if (self_preempted) break;  // it was the youngest: nothing after it remains
-      plan.chunks.push_back({seq, seq->num_pending()});
+      plan.chunks.push_back({seq, 1});
+      if (seq->num_pending() > 1) ++plan.prefill_tokens;  // a replayed token is recomputed work
     } else if (budget > 0) {
       const int32_t n = std::min(budget, seq->chunk_limit());
+      if (n < whole_chunk(*seq)) continue;  // a fixed-steps sequence waits for its whole chunk
       // An evicting sequence reserves chunk by chunk (compaction returns the
       // blocks it no longer needs); it waits a step when none is free.
       if (!cache_.reserve(seq->table, n)) continue;
@@ -151,8 +160,10 @@ SchedulePlan Scheduler::schedule() {
                     seq);
     plan.admitted.push_back(seq);
     // A preempted sequence that had been decoding comes back with its generated
-    // tokens to recompute; they are prefill work like the prompt.
+    // tokens to recompute; they are prefill work like the prompt (replayed
+    // one step each, once its prompt is in, under fixed steps).
     const int32_t n = std::min(budget, seq->chunk_limit());
+    if (n < whole_chunk(*seq)) continue;  // admitted; its first chunk runs next step
     budget -= n;
     plan.prefill_tokens += n;
     plan.chunks.push_back({seq, n});

@@ -103,6 +103,9 @@ class Scheduler {
   void release(Sequence& seq);
   // Index in waiting_ of the sequence to admit next.
   size_t pick_waiting();
+  // The smallest prefill chunk worth running for seq now: its whole next
+  // chunk under fixed steps (sequence.h), else any.
+  int32_t whole_chunk(const Sequence& seq) const;
   [[nodiscard]] bool admit(Sequence* seq, int32_t budget);  // budget: prompt tokens left this step
 
   SchedulerOptions options_;

@@ -7,9 +7,20 @@
 // rest of the prompt while prefilling, or the one newest sampled token while
 // decoding. A step runs some pending tokens; when it runs the last one, the
 // logits give the next token. Preemption by recompute sets num_computed back
-// to 0: the prompt and the tokens generated so far are prefilled again.
+// to 0: the prompt and the tokens generated so far are prefilled again, or,
+// under a sparsity policy (fixed_steps()), the prompt is prefilled and the
+// generated tokens are replayed one decode step each.
+//
+// Under a sparsity policy the KV depends on how it was computed: an evicting
+// policy evicts after every pass, and topk/ann choose reads for decode
+// queries only. So such a sequence runs its prompt in chunks at fixed
+// boundaries (every max_batch_prefill_tokens from its start, never a chunk
+// cut short by a budget other sequences share) and its generated tokens one
+// step each, also after a preemption: its output is its output alone
+// (generate() with the same chunk size), whatever the load.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,8 +53,22 @@ class Sequence {
   // one token per step.
   bool decoding() const { return num_computed >= prefill_end; }
   // Most tokens the next prefill chunk may run: up to a prefix-cache
-  // checkpoint first (see PrefixMatch::checkpoint_tokens), then all pending.
-  int32_t chunk_limit() const { return checkpoint > num_computed ? checkpoint - num_computed : num_pending(); }
+  // checkpoint first (see PrefixMatch::checkpoint_tokens), then all pending
+  // up to prefill_end.
+  int32_t chunk_limit() const {
+    return std::min(checkpoint > num_computed ? checkpoint - num_computed : num_pending(), prefill_end - num_computed);
+  }
+  // See the file comment: prompt chunks at fixed boundaries, generated tokens one step each.
+  bool fixed_steps() const { return policy != nullptr; }
+  // The leading tokens whose KV is the same whoever computes it, which the
+  // sequence may publish to the prefix cache: all of them under full
+  // attention; under a policy that chooses decode reads (topk, ann) the
+  // prompt only, since the KV of generated tokens then depends on those
+  // choices. (A sequence under any policy matches nothing: its policy's
+  // summaries or index are built from the keys it computes itself.)
+  int32_t shareable_tokens() const {
+    return policy && policy->selects_reads() ? num_prompt_ : int32_t(tokens_.size());
+  }
 
   // Result of adding a sampled token.
   struct Appended {
@@ -58,8 +83,9 @@ class Sequence {
   SequenceState state = SequenceState::Waiting;
   BlockTable table;                // the sequence's KV while Running
   int32_t num_computed = 0;        // tokens with KV in the cache
-  int32_t prefill_end = 0;         // tokens known at the last admission (prompt, plus generated
-                                   // tokens after a preemption); below it the sequence prefills
+  int32_t prefill_end = 0;         // below it the sequence prefills: the tokens known at the last
+                                   // admission (prompt, plus generated tokens after a preemption),
+                                   // or the prompt alone with fixed_steps()
   int32_t cached_tokens = 0;       // prompt tokens served by the prefix cache (last admission)
   int32_t checkpoint = 0;          // end the first prefill chunk here (0 = no checkpoint)
   CacheScope scope;                // where the prefix cache looks up and publishes its blocks

@@ -228,10 +228,11 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     for (const BatchEntry& b : batch) {
       const int32_t count = int32_t(b.tokens.size());
       const bool ordered = b.policy != nullptr && b.policy->wants_attention_weights();
-      const int32_t step = ordered ? count : (count > 1 ? prefill_tile_tokens_ : 1);
+      const bool tiled = !ordered && !b.decode && count > 1;  // decode queries choose their reads one by one
+      const int32_t step = ordered ? count : (tiled ? prefill_tile_tokens_ : 1);
       for (int32_t i = 0; i < count; i += step)
         for (int h = 0; h < c.n_kv_heads; ++h)
-          units.push_back({t0 + i, std::min(step, count - i), h, !ordered && count > 1});
+          units.push_back({t0 + i, std::min(step, count - i), h, tiled});
       t0 += count;
     }
   }
@@ -308,7 +309,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
             AttentionSparsity sparsity;
             SparsityPolicy* policy = b.policy;
             // Read-time choices apply to decode queries; prefill reads everything.
-            if (policy != nullptr && policy->selects_reads() && b.tokens.size() == 1) {
+            if (policy != nullptr && policy->selects_reads() && b.decode) {
               policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.reads);
               sparsity.blocks = ps.reads.blocks;
               sparsity.keep = ps.reads.keep;

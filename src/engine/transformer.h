@@ -29,6 +29,11 @@ struct BatchEntry {
   // sequence; nullptr = full attention. It sees the pass (sparsity_policy.h)
   // and, when it evicts, shrinks the table after the pass.
   SparsityPolicy* policy = nullptr;
+  // The tokens are decode steps: the policy's read-time choices (topk, ann)
+  // apply to their queries. A prefill chunk reads everything, however short
+  // (a 1-token chunk of a prompt split by a shared budget included), so a
+  // prompt's KV does not depend on how it was chunked.
+  bool decode = false;
 };
 
 // Logits of a forward pass, one row per requested token, entries in batch order.
