@@ -161,47 +161,51 @@ TEST_F(EngineTest, SparsityPoliciesUnderPreemptionKeepOutputsExact) {
 }
 
 // The prefix cache shares KV only where it does not depend on a policy: a
-// topk sequence matches nothing (its block summaries are built from the keys
-// it computes) and publishes its prompt only (its generated tokens' KV
-// depends on the blocks it chose to read). Each request equals itself alone.
+// topk sequence takes and gives its prompt's blocks only (its generated
+// tokens' KV depends on the blocks it chose to read), and summarises the
+// keys it took from the cache. Each request equals itself alone.
 TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
-  EngineOptions o;
-  o.threads = 1;
-  o.kv.block_size = 4;
-  o.kv.num_blocks = 256;
-  SparsityOptions topk;
-  topk.policy = "topk";
-  topk.budget = 8;
-  Engine engine(*model, o);
-  std::map<RequestId, Collected> out;
-  auto run = [&](Request r) {
-    const RequestId id = engine.submit(std::move(r)).id;
-    engine.run_until_idle();
-    return out[id].tokens;
-  };
-  const std::vector<int32_t> prompt = tok->encode(kPrompts[4], true);
-  // A full-attention request publishes the prompt's blocks and more.
-  const std::vector<int32_t> full = run(request(kPrompts[4], 40, out));
-  EXPECT_EQ(full, alone(prompt, 40, o.kv));
-  // The same prompt under topk computes its own.
-  Request sparse = request(kPrompts[4], 60, out);
-  sparse.sparsity = topk;
-  const std::vector<int32_t> got = run(sparse);
-  EXPECT_EQ(got, alone(prompt, 60, o.kv, topk, o.scheduler.max_batch_prefill_tokens));
-  EXPECT_EQ(out.rbegin()->second.usage.cached_tokens, 0);
-  // A full-attention request continuing the topk one finds the full one's
-  // blocks (as far as both texts agree), never the topk one's generated ones.
-  Request next = request("", 20, out);
-  next.prompt = prompt;
-  next.prompt.insert(next.prompt.end(), got.begin(), got.end());
-  std::vector<int32_t> full_text = prompt;
-  full_text.insert(full_text.end(), full.begin(), full.end());
-  const size_t agree = size_t(std::mismatch(next.prompt.begin(), next.prompt.end(), full_text.begin(), full_text.end()).first -
-                              next.prompt.begin());
-  ASSERT_LT(agree, next.prompt.size() - 8);  // topk's own blocks would have matched further
-  EXPECT_EQ(run(next), alone(next.prompt, 20, o.kv));
-  EXPECT_LE(out.rbegin()->second.usage.cached_tokens, int32_t(agree));
-  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+  for (const char* name : {"topk", "ann"}) {
+    SCOPED_TRACE(name);
+    EngineOptions o;
+    o.threads = 1;
+    o.kv.block_size = 4;
+    o.kv.num_blocks = 256;
+    SparsityOptions sparsity;
+    sparsity.policy = name;
+    sparsity.budget = 8;
+    Engine engine(*model, o);
+    std::map<RequestId, Collected> out;
+    auto run = [&](Request r) {
+      const RequestId id = engine.submit(std::move(r)).id;
+      engine.run_until_idle();
+      return out[id].tokens;
+    };
+    const std::vector<int32_t> prompt = tok->encode(kPrompts[4], true);
+    // A full-attention request publishes the prompt's blocks and more.
+    const std::vector<int32_t> full = run(request(kPrompts[4], 40, out));
+    EXPECT_EQ(full, alone(prompt, 40, o.kv));
+    // The same prompt under the policy takes the prompt's full blocks.
+    Request sparse = request(kPrompts[4], 60, out);
+    sparse.sparsity = sparsity;
+    const std::vector<int32_t> got = run(sparse);
+    EXPECT_EQ(got, alone(prompt, 60, o.kv, sparsity, o.scheduler.max_batch_prefill_tokens));
+    EXPECT_EQ(out.rbegin()->second.usage.cached_tokens, int32_t(prompt.size() - 1) / 4 * 4);
+    // A full-attention request continuing the sparse one finds the full one's
+    // blocks (as far as both texts agree), never the sparse one's generated ones.
+    Request next = request("", 20, out);
+    next.prompt = prompt;
+    next.prompt.insert(next.prompt.end(), got.begin(), got.end());
+    std::vector<int32_t> full_text = prompt;
+    full_text.insert(full_text.end(), full.begin(), full.end());
+    const size_t agree = size_t(
+        std::mismatch(next.prompt.begin(), next.prompt.end(), full_text.begin(), full_text.end()).first -
+        next.prompt.begin());
+    ASSERT_LT(agree, next.prompt.size() - 8);  // the sparse one's own blocks would have matched further
+    EXPECT_EQ(run(next), alone(next.prompt, 20, o.kv));
+    EXPECT_LE(out.rbegin()->second.usage.cached_tokens, int32_t(agree));
+    EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+  }
 }
 
 // Preemption recomputes, but a preempted sequence's full blocks were

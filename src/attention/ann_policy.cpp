@@ -16,7 +16,19 @@ AnnPolicy::AnnPolicy(const SparsityOptions& options, const KvCache& cache)
   for (int i = 0; i < cache.n_layers() * n_kv_heads_; ++i) indexes_.push_back(make_key_index(ko));
 }
 
+void AnnPolicy::begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) {
+  if (keys_indexed_ >= table.num_tokens) return;
+  const size_t kv_dim = size_t(n_kv_heads_) * size_t(head_dim_);
+  std::vector<float> keys(size_t(table.num_tokens - keys_indexed_) * kv_dim);
+  const int32_t first = keys_indexed_;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    cache.read_keys(l, table, first, table.num_tokens, keys.data());
+    for (int32_t s = first; s < table.num_tokens; ++s) on_kv(l, s, keys.data() + size_t(s - first) * kv_dim, nullptr);
+  }
+}
+
 void AnnPolicy::on_kv(int layer, int32_t slot, const float* k, const float* v) {
+  if (layer == 0) keys_indexed_ = std::max(keys_indexed_, slot + 1);
   const int64_t id = slot;
   for (int h = 0; h < n_kv_heads_; ++h)
     indexes_[size_t(layer) * n_kv_heads_ + h]->add(std::span<const float>(k + size_t(h) * head_dim_, size_t(head_dim_)),

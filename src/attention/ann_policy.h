@@ -38,6 +38,8 @@ class AnnPolicy final : public SparsityPolicy {
   bool wants_kv() const override { return true; }
   bool selects_reads() const override { return true; }
   // Keys arrive in slot order (ann never evicts, so slot = position).
+  // Indexes the keys of a prefix-cache hit, which never reach on_kv.
+  void begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) override;
   void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void select(int layer, int kv_head, const float* q, int group, int32_t n_ctx, ReadSet& out) const override;
 
@@ -49,6 +51,7 @@ class AnnPolicy final : public SparsityPolicy {
   int n_kv_heads_, head_dim_;
   int32_t block_size_;
   std::vector<std::unique_ptr<KeyIndex>> indexes_;  // (layer, KV head)
+  int32_t keys_indexed_ = 0;                        // slots [0, keys_indexed_) are in the indexes
 };
 
 }  // namespace kvserve

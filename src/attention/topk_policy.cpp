@@ -13,6 +13,16 @@ TopKPolicy::TopKPolicy(const SparsityOptions& options, const KvCache& cache)
     summaries_.emplace_back(BlockSummaryOptions{cache.block_size(), shape.n_kv_heads, shape.head_dim});
 }
 
+void TopKPolicy::begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) {
+  const int32_t have = int32_t(summaries_[0].num_tokens());
+  if (have >= table.num_tokens) return;
+  std::vector<float> keys(size_t(table.num_tokens - have) * kv_dim_);
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    cache.read_keys(l, table, have, table.num_tokens, keys.data());
+    summaries_[size_t(l)].append(keys);
+  }
+}
+
 void TopKPolicy::on_kv(int layer, int32_t slot, const float* k, const float* v) {
   summaries_[size_t(layer)].append(std::span<const float>(k, kv_dim_));
 }

@@ -21,6 +21,8 @@ class TopKPolicy final : public SparsityPolicy {
   std::string_view name() const override { return "topk"; }
   bool wants_kv() const override { return true; }
   bool selects_reads() const override { return true; }
+  // Summarises the keys of a prefix-cache hit, which never reach on_kv.
+  void begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) override;
   // Keys arrive in slot order (topk never evicts, so slot = position).
   void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void select(int layer, int kv_head, const float* q, int group, int32_t n_ctx, ReadSet& out) const override;

@@ -78,18 +78,17 @@ Engine::Engine(const Model& model, const EngineOptions& options)
 PrefixHooks Engine::prefix_hooks() {
   if (!prefix_) return {};
   PrefixHooks h;
-  // A sequence under a sparsity policy computes its KV from the start (its
-  // policy's state is built from the keys it computes); it may publish the
-  // tokens whose KV anyone may share (Sequence::shareable_tokens).
+  // Sequences share only the tokens whose KV anyone would compute alike
+  // (Sequence::shareable_tokens); evicting ones share nothing.
   auto shareable = [](const Sequence& seq) { return std::span(seq.tokens()).first(size_t(seq.shareable_tokens())); };
-  h.cached_tokens = [this](Sequence& seq) {
-    if (seq.policy) return 0;
-    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
-    return prefix_->cached_tokens(seq.scope, seq.keys, int32_t(seq.tokens().size()));
+  h.cached_tokens = [this, shareable](Sequence& seq) {
+    if (seq.evicting()) return 0;
+    prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
+    return prefix_->cached_tokens(seq.scope, seq.keys, seq.shareable_tokens());
   };
-  h.inflight_tokens = [this](Sequence& seq) {
-    if (seq.policy) return 0;
-    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
+  h.inflight_tokens = [this, shareable](Sequence& seq) {
+    if (seq.evicting()) return 0;
+    prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
     // Leading blocks seq shares with a running sequence that will have computed
     // them when its prefill ends (its keys cover its whole prompt by then).
     size_t best = 0;
@@ -101,10 +100,10 @@ PrefixHooks Engine::prefix_hooks() {
     }
     return int32_t(best) * cache_.block_size();
   };
-  h.match = [this](Sequence& seq) {
-    if (seq.policy) return 0;
-    prefix_->block_keys(seq.scope, seq.tokens(), seq.keys);
-    const PrefixMatch m = prefix_->match(seq.scope, seq.keys, int32_t(seq.tokens().size()), seq.table);
+  h.match = [this, shareable](Sequence& seq) {
+    if (seq.evicting()) return 0;
+    prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
+    const PrefixMatch m = prefix_->match(seq.scope, seq.keys, seq.shareable_tokens(), seq.table);
     seq.checkpoint = m.checkpoint_tokens;
     return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };

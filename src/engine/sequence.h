@@ -61,11 +61,10 @@ class Sequence {
   // See the file comment: prompt chunks at fixed boundaries, generated tokens one step each.
   bool fixed_steps() const { return policy != nullptr; }
   // The leading tokens whose KV is the same whoever computes it, which the
-  // sequence may publish to the prefix cache: all of them under full
-  // attention; under a policy that chooses decode reads (topk, ann) the
+  // sequence may take from and give to the prefix cache: all of them under
+  // full attention; under a policy that chooses decode reads (topk, ann) the
   // prompt only, since the KV of generated tokens then depends on those
-  // choices. (A sequence under any policy matches nothing: its policy's
-  // summaries or index are built from the keys it computes itself.)
+  // choices (the policy reads a hit's keys from the cache: read_keys).
   int32_t shareable_tokens() const {
     return policy && policy->selects_reads() ? num_prompt_ : int32_t(tokens_.size());
   }

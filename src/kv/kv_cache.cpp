@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/vector_ops.h"
 #include "util/error.h"
 
 namespace kvserve {
@@ -273,6 +274,25 @@ KvBlockView KvCache::k_view(int layer, const BlockTable& table, int32_t b, int32
   if (l.k_staged && b >= sealed_blocks(n_ctx))
     return {staging_codec_.get(), staging_base(layer, table.staging[size_t(b)])};
   return {l.k.get(), block_base(layer, table.blocks[size_t(b)])};
+}
+
+void KvCache::read_keys(int layer, const BlockTable& table, int32_t begin, int32_t end, float* out) const {
+  assert(end <= table.num_tokens);
+  const int32_t bs = block_size();
+  const size_t kv_dim = size_t(n_kv_heads_) * size_t(head_dim_);
+  const bool pre_rope = k_pre_rope(layer);
+  const int span = k_rope_span(layer);
+  for (int32_t s = begin; s < end; ++s) {
+    float* row = out + size_t(s - begin) * kv_dim;
+    const KvBlockView view = k_view(layer, table, s / bs, table.num_tokens);
+    view.codec->decode_token(view.data, s % bs, row);
+    if (!pre_rope) continue;
+    // Stored rotated by position mod span (1: not at all); the rest of the rotation now.
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const int32_t pos = key_rope_position(table, layer, h, s);
+      rope(row + size_t(h) * size_t(head_dim_), 1, head_dim_, pos - pos % span, rope_theta_);
+    }
+  }
 }
 
 KvBlockView KvCache::v_view(int layer, const BlockTable& table, int32_t b, int32_t n_ctx) const {

@@ -255,6 +255,12 @@ class KvCache {
     const size_t i = (size_t(slot) * size_t(layers_.size()) + size_t(layer)) * size_t(n_kv_heads_) + size_t(kv_head);
     return i < table.slot_positions.size() ? table.slot_positions[i] : table.position_of_new(slot);
   }
+  // The keys of slots [begin, end) of `layer` after RoPE, as attention scores
+  // them: decoded from the blocks (or their FP16 staging) and, when stored
+  // before RoPE, rotated by their position. out: (end - begin, kv_dim)
+  // floats. For policies that index keys and were not there when these were
+  // written (a prefix-cache hit).  REQUIRES: end <= table.num_tokens.
+  void read_keys(int layer, const BlockTable& table, int32_t begin, int32_t end, float* out) const;
   // The position RoPE rotates the key in `slot` by (pre-RoPE keys): the slot
   // itself with positions in the cache, else the token's position.
   int32_t key_rope_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const {
