@@ -536,6 +536,37 @@ TEST_F(EnginePrefixTest, PinnedPromptSurvivesABurstOfOneOffRequests) {
   }
 }
 
+// Pins hold at most a fifth of the cache, but a request that fits only the
+// whole cache must still run: with nothing running, the engine unpins
+// (before, it waited forever and every request behind it with it).
+TEST_F(EnginePrefixTest, PinsNeverKeepARequestThatFitsTheCacheWaiting) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 40;  // 160 tokens; pins may hold 8 blocks
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  Request hot = request("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                        "sunshine with her big red ball.",
+                        1, out);
+  hot.pin_prefix = true;
+  engine.submit(hot);
+  engine.run_until_idle();
+  ASSERT_GT(engine.stats().prefix.blocks_pinned, 4);
+  const std::vector<int32_t> prompt = tok->encode(kPrompts[4], true);
+  const int32_t max_tokens = 150 - int32_t(prompt.size());  // 150 tokens: 38 blocks, more than the unpinned 32
+  Request big = request(kPrompts[4], max_tokens, out);
+  big.stop_at_eos = false;
+  const RequestId id = engine.submit(big).id;
+  const RequestId small = engine.submit(request("A cat", 5, out)).id;  // queued behind it
+  engine.run_until_idle();
+  EXPECT_EQ(out[id].finish, FinishReason::Length);
+  EXPECT_EQ(int32_t(out[id].tokens.size()), max_tokens);
+  EXPECT_NE(out[small].finish, FinishReason::None);
+  EXPECT_EQ(engine.stats().prefix.blocks_pinned, 0);
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+}
+
 TEST_F(EnginePrefixTest, TenantsNeverShareBlocks) {
   EngineOptions o;
   o.threads = 1;

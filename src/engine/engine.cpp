@@ -107,6 +107,7 @@ PrefixHooks Engine::prefix_hooks() {
     seq.checkpoint = m.checkpoint_tokens;
     return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };
+  h.unpin_all = [this] { return prefix_->unpin_all(); };
   h.release = [this, shareable](Sequence& seq) {
     if (seq.evicting()) return cache_.release(seq.table);
     prefix_->block_keys(seq.scope, shareable(seq).first(size_t(std::min(seq.table.num_tokens, seq.shareable_tokens()))),
@@ -409,7 +410,10 @@ bool Engine::run_step() {
   }
   if (plan.empty()) {
     publish_stats();
-    return false;
+    // A step that only preempted (the running sequence was its own victim)
+    // changed the state: the next one admits again. Reporting it idle left
+    // the engine thread waiting for input that might never come.
+    return !plan.preempted.empty();
   }
   Timer timer;
   std::vector<BatchEntry> batch(plan.chunks.size());

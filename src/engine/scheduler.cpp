@@ -152,7 +152,11 @@ SchedulePlan Scheduler::schedule() {
       ++seq->skipped;
       break;
     }
-    if (!admit(seq, budget)) break;
+    if (!admit(seq, budget)) {
+      // Nothing runs, so nothing else will free blocks: unpin and try again.
+      const bool stuck = running_.empty() && plan.chunks.empty();
+      if (!stuck || !prefix_.unpin_all || prefix_.unpin_all() == 0 || !admit(seq, budget)) break;
+    }
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(pick));
     seq->state = SequenceState::Running;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), seq,

@@ -77,6 +77,10 @@ struct PrefixHooks {
   std::function<int32_t(Sequence&)> match;
   // Gives the sequence's blocks back (publishing what is cacheable) and empties its table.
   std::function<void(Sequence&)> release;
+  // Unpins every pinned block; returns how many. Called when nothing runs and
+  // the next waiting sequence still does not fit: pins must not hold the
+  // queue up forever.
+  std::function<int32_t()> unpin_all;
 };
 
 class Scheduler {

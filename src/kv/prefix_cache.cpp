@@ -354,6 +354,19 @@ void PrefixCache::unpin(const CacheScope& scope, std::span<const BlockKey> keys)
   }
 }
 
+int32_t PrefixCache::unpin_all() {
+  int32_t n = 0;
+  for (auto& [key, e] : entries_) {
+    if (!e.pinned) continue;
+    e.pinned = false;
+    --pinned_;
+    --accounts_[size_t(e.account)].pinned;
+    pool_.release(e.block);  // may make it idle (on_idle)
+    ++n;
+  }
+  return n;
+}
+
 void PrefixCache::drop(Entry& e, CacheRemoveReason reason) {
   const int32_t block = e.block;
   Account& account = accounts_[size_t(e.account)];

@@ -237,6 +237,10 @@ class PrefixCache final : private BlockReclaimer {
   [[nodiscard]] int32_t pin(const CacheScope& scope, std::span<const BlockKey> keys);
   // Unpins the cached blocks named by keys (they may become idle).
   void unpin(const CacheScope& scope, std::span<const BlockKey> keys);
+  // Unpins every pinned block of every account (they stay cached, idle, until
+  // evicted); returns how many. The scheduler's way out when pins alone keep
+  // a waiting request from fitting.
+  int32_t unpin_all();
   // Drops idle blocks the policy says have expired (TTL); returns how many.
   int32_t expire();
   // Drops every cached block, pinned ones included.
