@@ -165,10 +165,12 @@ TEST_F(EngineTest, SparsityPoliciesUnderPreemptionKeepOutputsExact) {
 // tokens' KV depends on the blocks it chose to read), and summarises the
 // keys it took from the cache. Each request equals itself alone.
 TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
-  for (const char* name : {"topk", "ann"}) {
-    SCOPED_TRACE(name);
+  for (const auto [name, dtype] : {std::pair{"topk", KvDType::F32}, std::pair{"ann", KvDType::F32},
+                                   std::pair{"topk", KvDType::INT8}, std::pair{"ann", KvDType::INT8}}) {
+    SCOPED_TRACE(std::string(name) + " " + std::string(kv_dtype_name(dtype)));
     EngineOptions o;
     o.threads = 1;
+    o.kv.set_dtype(dtype);
     o.kv.block_size = 4;
     o.kv.num_blocks = 256;
     SparsityOptions sparsity;
@@ -190,7 +192,10 @@ TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
     sparse.sparsity = sparsity;
     const std::vector<int32_t> got = run(sparse);
     EXPECT_EQ(got, alone(prompt, 60, o.kv, sparsity, o.scheduler.max_batch_prefill_tokens));
-    EXPECT_EQ(out.rbegin()->second.usage.cached_tokens, int32_t(prompt.size() - 1) / 4 * 4);
+    // A hit only where the policy can rebuild exactly what it would have seen:
+    // on a lossy cache (int8) the sequence computes its prompt itself.
+    EXPECT_EQ(out.rbegin()->second.usage.cached_tokens,
+              dtype == KvDType::F32 ? int32_t(prompt.size() - 1) / 4 * 4 : 0);
     // A full-attention request continuing the sparse one finds the full one's
     // blocks (as far as both texts agree), never the sparse one's generated ones.
     Request next = request("", 20, out);
@@ -206,6 +211,33 @@ TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
     EXPECT_LE(out.rbegin()->second.usage.cached_tokens, int32_t(agree));
     EXPECT_EQ(engine.stats().kv.blocks_used, 0);
   }
+}
+
+// On a lossy cache a topk request sent twice gives the same text: the second
+// does not take the first's prompt blocks, whose int8 keys would give its
+// block summaries other bounds than the floats it saw computing them.
+TEST_F(EngineTest, TopkOnALossyCacheGivesTheSameTextTwice) {
+  EngineOptions o;
+  o.threads = 1;
+  o.kv.set_dtype(KvDType::INT8);
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 48;
+  Engine engine(*model, o);
+  std::map<RequestId, Collected> out;
+  std::vector<std::vector<int32_t>> texts;
+  for (int i = 0; i < 2; ++i) {
+    Request r = request("The sun was shining and the children went to the park to play on the swings and the slide. "
+                        "They laughed and",
+                        75, out);
+    r.stop_at_eos = false;
+    r.sparsity.policy = "topk";
+    r.sparsity.budget = 16;
+    const RequestId id = engine.submit(r).id;
+    engine.run_until_idle();
+    texts.push_back(out[id].tokens);
+  }
+  EXPECT_EQ(texts[0].size(), 75u);
+  EXPECT_EQ(texts[1], texts[0]);
 }
 
 // Preemption recomputes, but a preempted sequence's full blocks were

@@ -81,13 +81,24 @@ PrefixHooks Engine::prefix_hooks() {
   // Sequences share only the tokens whose KV anyone would compute alike
   // (Sequence::shareable_tokens); evicting ones share nothing.
   auto shareable = [](const Sequence& seq) { return std::span(seq.tokens()).first(size_t(seq.shareable_tokens())); };
-  h.cached_tokens = [this, shareable](Sequence& seq) {
-    if (seq.evicting()) return 0;
+  // topk and ann rebuild a hit's summaries or index from the keys read back
+  // from the cache: the ones they would build themselves only when keys are
+  // stored exactly (FP32, rotated at most by their position). On a lossy
+  // cache such a sequence computes its prompt instead of taking a hit.
+  bool exact_keys = true;
+  for (int l = 0; l < cache_.n_layers(); ++l)
+    exact_keys = exact_keys && cache_.k_codec(l).config().dtype == KvDType::F32 && cache_.k_rope_span(l) == 1;
+  auto takes_hits = [exact_keys](const Sequence& seq) {
+    if (seq.evicting()) return false;
+    return exact_keys || !seq.policy || !seq.policy->selects_reads();
+  };
+  h.cached_tokens = [this, shareable, takes_hits](Sequence& seq) {
+    if (!takes_hits(seq)) return 0;
     prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
     return prefix_->cached_tokens(seq.scope, seq.keys, seq.shareable_tokens());
   };
-  h.inflight_tokens = [this, shareable](Sequence& seq) {
-    if (seq.evicting()) return 0;
+  h.inflight_tokens = [this, shareable, takes_hits](Sequence& seq) {
+    if (!takes_hits(seq)) return 0;
     prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
     // Leading blocks seq shares with a running sequence that will have computed
     // them when its prefill ends (its keys cover its whole prompt by then).
@@ -100,8 +111,8 @@ PrefixHooks Engine::prefix_hooks() {
     }
     return int32_t(best) * cache_.block_size();
   };
-  h.match = [this, shareable](Sequence& seq) {
-    if (seq.evicting()) return 0;
+  h.match = [this, shareable, takes_hits](Sequence& seq) {
+    if (!takes_hits(seq)) return 0;
     prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
     const PrefixMatch m = prefix_->match(seq.scope, seq.keys, seq.shareable_tokens(), seq.table);
     seq.checkpoint = m.checkpoint_tokens;
