@@ -99,6 +99,9 @@ EngineStats expect_batched_equals_alone(EngineTest& t, EngineOptions o, int32_t 
     EXPECT_NE(c.finish, FinishReason::None);
     EXPECT_EQ(c.usage.prompt_tokens, int32_t(prompt.size()));
     EXPECT_EQ(c.usage.completion_tokens, int32_t(c.tokens.size()));
+    // The prompts share no block: nothing was cached at admission, even for
+    // a sequence that matched its own published blocks after a preemption.
+    EXPECT_EQ(c.usage.cached_tokens, 0) << "prompt " << i;
     std::string want_text;
     for (size_t k = 0; k < want.size(); ++k) want_text += t.tok->decode_piece(k ? want[k - 1] : prompt.back(), want[k]);
     EXPECT_EQ(c.text, want_text);

@@ -52,8 +52,7 @@ void Scheduler::finish(Sequence* seq) {
 void Scheduler::preempt(Sequence* seq, SchedulePlan& plan) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   release(*seq);
-  seq->cached_tokens = 0;
-  seq->checkpoint = 0;
+  seq->checkpoint = 0;  // cached_tokens stays: the usage reports the first admission
   ++seq->preemptions;
   ++preemptions_;
   seq->state = SequenceState::Waiting;
@@ -81,7 +80,10 @@ bool Scheduler::admit(Sequence* seq, int32_t budget) {
   seq->num_computed = matched;
   // Generated tokens of a fixed-steps sequence are replayed as decode steps.
   seq->prefill_end = seq->fixed_steps() ? std::max(matched, seq->num_prompt()) : int32_t(seq->tokens().size());
-  seq->cached_tokens = std::min(matched, seq->num_prompt());
+  // The usage's cached tokens are the first admission's: a readmitted
+  // sequence matching the blocks it published itself was served nobody
+  // else's work.
+  if (seq->preemptions == 0) seq->cached_tokens = std::min(matched, seq->num_prompt());
   // Blocks for all that is pending, or for the first chunk under an evicting
   // policy (which holds at most its budget, however long the prompt).
   const int32_t reserve = seq->evicting() ? std::min(seq->chunk_limit(), options_.max_batch_prefill_tokens)
@@ -98,7 +100,7 @@ bool Scheduler::admit(Sequence* seq, int32_t budget) {
   // Idle prefix-cache blocks count as free: allocation reclaims them.
   if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, reserve, first_chunk)) {
     release(*seq);
-    seq->cached_tokens = 0;
+    if (seq->preemptions == 0) seq->cached_tokens = 0;
     seq->checkpoint = 0;
     return false;
   }

@@ -85,7 +85,7 @@ class Sequence {
   int32_t prefill_end = 0;         // below it the sequence prefills: the tokens known at the last
                                    // admission (prompt, plus generated tokens after a preemption),
                                    // or the prompt alone with fixed_steps()
-  int32_t cached_tokens = 0;       // prompt tokens served by the prefix cache (last admission)
+  int32_t cached_tokens = 0;       // prompt tokens served by the prefix cache at the first admission
   int32_t checkpoint = 0;          // end the first prefill chunk here (0 = no checkpoint)
   CacheScope scope;                // where the prefix cache looks up and publishes its blocks
   std::vector<BlockKey> keys;      // prefix-cache keys of the full blocks of tokens(), as far as computed
