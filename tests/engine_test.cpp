@@ -168,7 +168,7 @@ TEST_F(EngineTest, SparsityPoliciesUnderPreemptionKeepOutputsExact) {
 // tokens' KV depends on the blocks it chose to read), and summarises the
 // keys it took from the cache. Each request equals itself alone.
 TEST_F(EngineTest, PolicySequencesShareOnlyKvThatDoesNotDependOnThePolicy) {
-  for (const auto [name, dtype] : {std::pair{"topk", KvDType::F32}, std::pair{"ann", KvDType::F32},
+  for (const auto& [name, dtype] : {std::pair{"topk", KvDType::F32}, std::pair{"ann", KvDType::F32},
                                    std::pair{"topk", KvDType::INT8}, std::pair{"ann", KvDType::INT8}}) {
     SCOPED_TRACE(std::string(name) + " " + std::string(kv_dtype_name(dtype)));
     EngineOptions o;

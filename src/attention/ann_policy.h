@@ -37,9 +37,9 @@ class AnnPolicy final : public SparsityPolicy {
   std::string_view name() const override { return "ann"; }
   bool wants_kv() const override { return true; }
   bool selects_reads() const override { return true; }
-  // Keys arrive in slot order (ann never evicts, so slot = position).
   // Indexes the keys of a prefix-cache hit, which never reach on_kv.
   void begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) override;
+  // Keys arrive in slot order (ann never evicts, so slot = position).
   void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void select(int layer, int kv_head, const float* q, int group, int32_t n_ctx, ReadSet& out) const override;
 

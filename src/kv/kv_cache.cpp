@@ -12,7 +12,6 @@
 namespace kvserve {
 namespace {
 
-
 KvBlockShape block_shape(const ModelConfig& m, const KvCacheOptions& o) {
   return KvBlockShape{o.block_size, m.n_kv_heads, m.head_dim()};
 }

@@ -95,7 +95,7 @@ std::vector<std::shared_ptr<const Bytes>> TieredKvStore::pending_writes(std::spa
   std::lock_guard lock(queue_mu_);
   if (queue_.empty() && in_flight_.empty()) return found;
   for (const InFlight& f : in_flight_) see(f.remove, f.key, f.buffer);
-  for (const Job& job : queue_) see(job.remove, job.key, job.unsealed ? job.unsealed : job.record);
+  for (const Job& job : queue_) see(job.remove, job.key, job.buffer());
   return found;
 }
 
@@ -201,7 +201,7 @@ void TieredKvStore::writer_loop() {
           queued_bytes_ -= int64_t(job.bytes());
           --queued_writes_;
         }
-        in_flight_.push_back(InFlight{job.remove, job.key, job.unsealed ? job.unsealed : job.record});
+        in_flight_.push_back(InFlight{job.remove, job.key, job.buffer()});
         batch.push_back(std::move(job));
         queue_.pop_front();
       }

@@ -16,12 +16,13 @@
 // key no tier has). Blocks still waiting in the write queue (or being written)
 // are served from there first: a block put a moment ago is found whether or
 // not the writer has caught up, so a preempted sequence readmitted at once
-// gets its blocks back on a busy machine as on an idle one. A block found in a lower tier is copied into the tiers
-// above it (promotion, through the writer). A record that fails its check in a
-// tier (damaged, or another model's, codec's or block size's) is counted as
-// corrupt there and treated as a miss there: the next tier may still hold a
-// good copy, otherwise the block is recomputed. It is never used. Damaged
-// records are also removed from the tier; foreign ones are left to age out.
+// gets its blocks back on a busy machine as on an idle one. A block found in
+// a lower tier is copied into the tiers above it (promotion, through the
+// writer). A record that fails its check in a tier (damaged, or another
+// model's, codec's or block size's) is counted as corrupt there and treated
+// as a miss there: the next tier may still hold a good copy, otherwise the
+// block is recomputed. It is never used. Damaged records are also removed
+// from the tier; foreign ones are left to age out.
 //
 // Thread safety: all methods, from any thread. queue_mu_ guards the queue and
 // the writer's state; the tiers are thread-safe themselves.
@@ -113,6 +114,8 @@ class TieredKvStore {
     std::shared_ptr<Bytes> unsealed;
     std::shared_ptr<const Bytes> record;
     size_t bytes() const { return unsealed ? unsealed->size() : record ? record->size() : 0; }
+    // The record's bytes, sealed or not (null for a remove).
+    std::shared_ptr<const Bytes> buffer() const { return unsealed ? unsealed : record; }
     size_t first_tier = 0, end_tier = 0;  // applies to tiers [first_tier, end_tier)
   };
 
