@@ -335,8 +335,11 @@ TEST(SparsityOptions, RejectsOptionsThatDoNotFit) {
   EXPECT_EQ(make(policy("full", 0))->name(), "full");
   o.k.pre_rope = true;
   KvCache pre_rope(two_heads(), o);
-  std::unique_ptr<SparsityPolicy> sinks = make_sparsity_policy(policy("sinks", 8), pre_rope);
-  EXPECT_TRUE(sinks->unbounded_positions());
+  EXPECT_TRUE(sparsity_limits(policy("sinks", 8), pre_rope, 4).unbounded_positions);
+  EXPECT_FALSE(sparsity_limits(policy("window", 8), pre_rope, 4).unbounded_positions);
+  // An evicting policy holds its budget, a chunk and a block of dead slots.
+  EXPECT_EQ(sparsity_limits(policy("h2o", 8), pre_rope, 4).max_tokens_held, 8 + 4 + pre_rope.block_size());
+  EXPECT_EQ(sparsity_limits(policy("topk", 8), pre_rope, 4).max_tokens_held, -1);
   EXPECT_EQ(describe(resolve_sparsity_options(policy("sinks", 8), pre_rope)),
             "sinks budget 8 (sinks 4, window 4, cache positions)");
 }

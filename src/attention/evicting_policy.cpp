@@ -73,8 +73,7 @@ void EvictingPolicy::after_forward(KvCache& cache, BlockTable& table, int32_t n_
     cache.evict(table, chosen_, excess);
     stats_.tokens_evicted += excess;
   }
-  const int32_t slack = options_.compact_slack > 0 ? options_.compact_slack : block_size_;
-  if (table.dead < slack) return;
+  if (table.dead < compaction_slack(options_, block_size_)) return;
   const std::vector<int32_t> before = table.slot_positions;  // (slot, row) positions, -1 = evicted
   if (!cache.compact(table)) return;  // shared blocks and no free block: the slots stay masked
   ++stats_.compactions;
@@ -107,11 +106,6 @@ void EvictingPolicy::choose_row(int row, int32_t count) {
     }
   }
   if (count > 0) choose(row, near_, count, chosen_);
-}
-
-int64_t EvictingPolicy::max_tokens_held(int32_t chunk) const {
-  const int32_t slack = options_.compact_slack > 0 ? options_.compact_slack : block_size_;
-  return int64_t(options_.budget) + chunk + slack;
 }
 
 }  // namespace kvserve

@@ -37,8 +37,6 @@ class EvictingPolicy : public SparsityPolicy {
   void on_kv(int layer, int32_t slot, const float* k, const float* v) override;
   void begin_forward(const KvCache& cache, BlockTable& table, int32_t n_new) override;
   void after_forward(KvCache& cache, BlockTable& table, int32_t n_new) override;
-  int64_t max_tokens_held(int32_t chunk) const override;
-  bool unbounded_positions() const override { return positions_in_cache_; }
 
   const SparsityOptions& options() const { return options_; }
 

@@ -56,6 +56,21 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   return o;
 }
 
+SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& cache, int32_t chunk) {
+  const SparsityOptions o = resolve_sparsity_options(options, cache);
+  SparsityLimits limits;
+  if (o.policy == "full" || o.policy == "topk" || o.policy == "ann") return limits;  // every token stays
+  // An evicting policy holds its budget, the chunk it has just appended and
+  // the dead slots it tolerates before compacting.
+  limits.max_tokens_held = int64_t(o.budget) + chunk + compaction_slack(o, cache.block_size());
+  limits.unbounded_positions = o.positions == SparsityPositions::Cache;
+  return limits;
+}
+
+int32_t compaction_slack(const SparsityOptions& resolved, int32_t block_size) {
+  return resolved.compact_slack > 0 ? resolved.compact_slack : block_size;
+}
+
 std::vector<std::string> sparsity_policy_names() { return {"full", "window", "sinks", "h2o", "snapkv", "topk", "ann"}; }
 
 SparsityScope parse_sparsity_scope(std::string_view name) {

@@ -141,13 +141,6 @@ class SparsityPolicy {
   // compacts (evicting policies).
   virtual void after_forward(KvCache& cache, BlockTable& table, int32_t n_new) { ++stats_.forward_passes; }
 
-  // The most tokens the sequence holds at once when fed chunks of up to
-  // `chunk` tokens, or -1 when every token stays (capacity planning).
-  virtual int64_t max_tokens_held(int32_t chunk) const { return -1; }
-  // Whether positions are bounded by the cache rather than the text, so a
-  // sequence may run past the model's context length.
-  virtual bool unbounded_positions() const { return false; }
-
   // Records attention reads of select()ing calls; thread-safe.
   void record_reads(int64_t read, int64_t available) {
     tokens_read_.fetch_add(read, std::memory_order_relaxed);
@@ -176,6 +169,22 @@ std::unique_ptr<SparsityPolicy> make_sparsity_policy(const SparsityOptions& opti
 // The options with the policy's defaults filled in, checked against the
 // budget and the cache; make_sparsity_policy throws the same errors.
 SparsityOptions resolve_sparsity_options(SparsityOptions options, const KvCache& cache);
+// What a sequence under `options` may hold, known without building its
+// policy (an ann policy allocates one key index per layer and KV head):
+// the engine's and the server's request checks use it. Throws what
+// make_sparsity_policy throws.
+struct SparsityLimits {
+  // The most tokens held at once when fed chunks of up to `chunk` tokens,
+  // or -1 when every token stays.
+  int64_t max_tokens_held = -1;
+  // Positions are bounded by the cache rather than the text (sinks), so
+  // the sequence may run past the model's context length.
+  bool unbounded_positions = false;
+};
+SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& cache, int32_t chunk);
+// Dead slots an evicting policy leaves before it compacts its table.
+int32_t compaction_slack(const SparsityOptions& resolved, int32_t block_size);
+
 // A one-line description of resolved options, e.g.
 // "h2o budget 64 (sinks 0, window 32, per head, sum)".
 std::string describe(const SparsityOptions& resolved);

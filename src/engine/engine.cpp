@@ -255,11 +255,9 @@ double Engine::now() const {
 SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t total) const {
   const SparsityOptions& s = sparsity.policy.empty() ? options_.sparsity : sparsity;
   SequenceFootprint fp{total, false};
-  if (s.policy == "full") return fp;
-  const std::unique_ptr<SparsityPolicy> probe = make_sparsity_policy(s, cache_);
-  const int64_t most = probe->max_tokens_held(options_.scheduler.max_batch_prefill_tokens);
-  if (most >= 0) fp.held_tokens = std::min(total, most);
-  fp.unbounded_positions = probe->unbounded_positions();
+  const SparsityLimits limits = sparsity_limits(s, cache_, options_.scheduler.max_batch_prefill_tokens);
+  if (limits.max_tokens_held >= 0) fp.held_tokens = std::min(total, limits.max_tokens_held);
+  fp.unbounded_positions = limits.unbounded_positions;
   return fp;
 }
 

@@ -16,14 +16,16 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   if (options.prefill_chunk <= 0) fail("prefill chunk must be positive");
   const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(options.sparsity, cache);
   const int32_t limit = options.max_tokens == 0 ? c.seq_len : options.max_tokens;
-  if (limit > c.seq_len && !policy->unbounded_positions())
+  const int32_t chunk = std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size()));
+  const SparsityLimits limits = sparsity_limits(options.sparsity, cache, chunk);
+  if (limit > c.seq_len && !limits.unbounded_positions)
     fail("--max-tokens {} exceeds the model's context length of {} (only positions within the cache, "
          "--kv-policy sinks, run past it)", limit, c.seq_len);
   if (int32_t(prompt.size()) > limit)
     fail("the prompt has {} tokens, more than the limit of {} positions (--max-tokens / context length)",
          prompt.size(), limit);
   // An evicting policy bounds what the sequence holds at once.
-  const int64_t held = policy->max_tokens_held(std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size())));
+  const int64_t held = limits.max_tokens_held;
   const int64_t needed = held < 0 ? std::max<int64_t>(limit, int64_t(prompt.size())) : std::min<int64_t>(held, limit);
   if (!cache.fits(needed, options.prefill_chunk))
     fail("the KV cache ({} blocks of {} tokens) cannot hold {} tokens; raise --kv-blocks",
