@@ -98,7 +98,8 @@ EngineStats expect_batched_equals_alone(EngineTest& t, EngineOptions o, int32_t 
     EXPECT_EQ(c.tokens, want) << "prompt " << i;
     EXPECT_NE(c.finish, FinishReason::None);
     EXPECT_EQ(c.usage.prompt_tokens, int32_t(prompt.size()));
-    EXPECT_EQ(c.usage.completion_tokens, int32_t(c.tokens.size()));
+    // An EOS counts as generated but is not emitted (no stop strings here).
+    EXPECT_EQ(c.usage.completion_tokens, int32_t(c.tokens.size()) + (c.finish == FinishReason::Stop ? 1 : 0));
     // The prompts share no block: nothing was cached at admission, even for
     // a sequence that matched its own published blocks after a preemption.
     EXPECT_EQ(c.usage.cached_tokens, 0) << "prompt " << i;
@@ -351,6 +352,66 @@ TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
   EXPECT_EQ(engine.stats().kv.blocks_used, 0);
 }
 
+// EOS ends the text and counts as a completion token (as OpenAI and vLLM
+// count it); stop_token_ids end it the same way; min_tokens holds back both
+// and the stop strings.
+TEST_F(EngineTest, EndTokensCountAndMinTokensHoldThemBack) {
+  EngineOptions o;
+  o.threads = 1;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  auto run = [&](Request r) {
+    const RequestId id = engine.submit(std::move(r)).id;
+    engine.run_until_idle();
+    return out[id];
+  };
+  const Collected free = run(request("Once upon a time", 400, out));
+  ASSERT_EQ(free.finish, FinishReason::Stop);  // the story ends with EOS
+  const int32_t n = int32_t(free.tokens.size());
+  EXPECT_EQ(free.usage.completion_tokens, n + 1);
+  EXPECT_EQ(engine.stats().generated_tokens, n + 1);
+
+  // min_tokens past the EOS: the same greedy tokens up to it, then others.
+  Request longer = request("Once upon a time", 400, out);
+  longer.min_tokens = n + 20;
+  const Collected held = run(longer);
+  ASSERT_GE(int32_t(held.tokens.size()), n + 20);
+  EXPECT_EQ(std::vector<int32_t>(held.tokens.begin(), held.tokens.begin() + n), free.tokens);
+  EXPECT_NE(held.tokens[size_t(n)], tok->eos_id());
+
+  // A stop token: the first token at index 5 that did not occur before it.
+  size_t at = 5;
+  while (std::find(free.tokens.begin(), free.tokens.begin() + long(at), free.tokens[at]) != free.tokens.begin() + long(at))
+    ++at;
+  Request stop_id = request("Once upon a time", 400, out);
+  stop_id.stop_token_ids = {free.tokens[at]};
+  const Collected stopped = run(stop_id);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + long(at)));
+  EXPECT_EQ(stopped.finish, FinishReason::Stop);
+  EXPECT_EQ(stopped.usage.completion_tokens, int32_t(at) + 1);
+  std::string want_text;
+  int32_t prev = tok->encode("Once upon a time", true).back();
+  for (size_t k = 0; k < at; prev = free.tokens[k++]) want_text += tok->decode_piece(prev, free.tokens[k]);
+  EXPECT_EQ(stopped.text, want_text);
+  // ... held back by min_tokens, it is generated like any other token.
+  stop_id.min_tokens = int32_t(at) + 1;
+  const Collected past = run(stop_id);
+  EXPECT_GT(past.tokens.size(), at);
+  EXPECT_EQ(std::vector<int32_t>(past.tokens.begin(), past.tokens.begin() + long(at)),
+            std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + long(at)));
+
+  // A stop string inside the first min_tokens tokens' text is not looked for.
+  const size_t word = free.text.find(" was");
+  ASSERT_NE(word, std::string::npos);
+  Request early = request("Once upon a time", 400, out);
+  early.stop = {" was"};
+  early.min_tokens = n;
+  const Collected kept = run(early);
+  EXPECT_EQ(kept.text.substr(0, word + 4), free.text.substr(0, word + 4));
+  EXPECT_GE(int32_t(kept.tokens.size()), n);
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+}
+
 TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   EngineOptions o;
   o.threads = 1;
@@ -388,6 +449,18 @@ TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   r = ok;
   r.stop = {""};
   refused(r, "stop");
+  r = ok;
+  r.stop_token_ids = {100000};
+  refused(r, "stop token id");
+  r = ok;
+  r.sampling.logit_bias = {{100000, 1.0f}};
+  refused(r, "logit bias");
+  r = ok;
+  r.min_tokens = 5;
+  refused(r, "min_tokens");
+  r = ok;
+  r.sampling.repetition_penalty = 0;
+  refused(r, "repetition");
   EXPECT_EQ(engine.submit(ok).status, SubmitResult::Status::Accepted);
 }
 

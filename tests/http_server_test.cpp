@@ -334,6 +334,33 @@ TEST_F(HttpServerTest, TokenIdPromptAndStopStrings) {
   r = post("/v1/completions", body);
   EXPECT_EQ(stream_text(r), greedy_text.substr(0, cut));
   EXPECT_EQ(r.chunks.back()["choices"][0]["finish_reason"], "stop");
+
+  // vLLM's sampling extensions reach the engine: a stop token id ends the
+  // text at it (and counts as a completion token); a logit bias of -100 on
+  // the greedy first token makes the text start otherwise.
+  const Tokenizer& tok = model_->require_tokenizer();
+  const std::vector<int32_t> lily = tok.encode("Lily", false);
+  body = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0},
+          {"stop_token_ids", {lily[0]}}};
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  const std::string stopped = r.body["choices"][0]["text"];
+  EXPECT_EQ(stopped, greedy_text.substr(0, stopped.size()));
+  EXPECT_LE(stopped.size(), cut);
+  ThreadPool pool(1);
+  KvCache cache(model_->config(), KvCacheOptions{});
+  Transformer tf(*model_, pool);
+  GenerateOptions g;
+  g.max_tokens = int32_t(prompt.size());  // one generated token
+  g.sampling.temperature = 0;
+  const int32_t first = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok.bos_id(), tok.eos_id()).tokens.back();
+  body.erase("stop_token_ids");
+  body["max_tokens"] = 4;
+  body["logit_bias"] = {{std::to_string(first), -100}};
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_NE(r.body["choices"][0]["text"], greedy_text.substr(0, r.body["choices"][0]["text"].get<std::string>().size()));
 }
 
 TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
@@ -423,6 +450,9 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "logprobs": 2})", "logprobs", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "stop_token_ids": [99999]})", "stop_token_ids", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "logit_bias": {"99999": 5}})", "logit_bias", "invalid_value"},
+      {p, "{" + m + R"("prompt": "x", "max_tokens": 4, "min_tokens": 10})", "min_tokens", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "kv": {"k": "int4"}})", "kv.k", "unsupported_kv_config"},
       {p, "{" + m + R"("prompt": "x", "kv": {"v": "int3"}})", "kv.v", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "kv": {"policy": "sinks", "budget": 256}})", "kv.policy", "unsupported_kv_config"},

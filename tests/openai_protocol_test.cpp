@@ -58,6 +58,17 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.kv.budget, 256);
   EXPECT_TRUE(r.kv.sparsity_requested());
 
+  r = parse_ok(R"({"model": "m", "prompt": "x", "presence_penalty": -0.5, "frequency_penalty": 1.5,
+                   "repetition_penalty": 1.2, "min_p": 0.05, "min_tokens": 4, "stop_token_ids": [13, 2],
+                   "logit_bias": {"7": -100, "12": 3.5}})");
+  EXPECT_EQ(r.sampling.presence_penalty, -0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, 1.5f);
+  EXPECT_EQ(r.sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_EQ(r.min_tokens, 4);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 3.5f}, {7, -100.0f}}));
+
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompt_text, "one");
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "top_k": -1})").sampling.top_k, 0);
@@ -119,9 +130,24 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": "m", "prompt": "x", "best_of": 2})", "best_of", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "echo": true})", "echo", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "suffix": "end"})", "suffix", "unsupported_parameter"},
-      {R"({"model": "m", "prompt": "x", "logit_bias": {"5": 1}})", "logit_bias", "unsupported_parameter"},
-      {R"({"model": "m", "prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"5": 101}})", "logit_bias", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"five": 1}})", "logit_bias", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": [5]})", "logit_bias", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "presence_penalty": 9})", "presence_penalty", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "frequency_penalty": -2.5})", "frequency_penalty", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "min_p": 1.1})", "min_p", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "min_tokens": -1})", "min_tokens", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "stop_token_ids": 13})", "stop_token_ids", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "stop_token_ids": [13, -1]})", "stop_token_ids", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "use_beam_search": true})", "use_beam_search", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "guided_json": {}})", "guided_json", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "skip_special_tokens": false})", "skip_special_tokens",
+       "unsupported_parameter"},
+      // Past INT64_MAX: refused, not wrapped to a negative number.
+      {R"({"model": "m", "prompt": "x", "top_k": 18446744073709551615})", "top_k", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "max_tokens": 9223372036854775808})", "max_tokens", "invalid_value"},
       {R"({"model": "m", "prompt": "x", "kv": "int4"})", "kv", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "kv": {"budget": 0}})", "kv.budget", "invalid_value"},
       {R"({"model": "m", "prompt": "x", "kv": {"k": 4}})", "kv.k", "invalid_type"},

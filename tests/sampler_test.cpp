@@ -53,11 +53,79 @@ TEST(Sampler, TopKAndTopPCutTheTail) {
   }
 }
 
+TEST(Sampler, MinPCutsTokensBelowItsShareOfTheBest) {
+  // p = 0.5, 0.3, 0.15, 0.05: min_p 0.4 keeps p >= 0.2 (two tokens), 0.25
+  // keeps p >= 0.125 (three).
+  const float logits[] = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  SamplerOptions o{1.0f, 0, 1.0f, 3};
+  o.min_p = 0.4f;
+  Sampler two(o);
+  o.min_p = 0.25f;
+  Sampler three(o);
+  int seen_two[4] = {}, seen_three[4] = {};
+  for (int i = 0; i < 4000; ++i) {
+    ++seen_two[two.sample(logits, 4)];
+    ++seen_three[three.sample(logits, 4)];
+  }
+  EXPECT_GT(seen_two[1], 0);
+  EXPECT_EQ(seen_two[2] + seen_two[3], 0);
+  EXPECT_GT(seen_three[2], 0);
+  EXPECT_EQ(seen_three[3], 0);
+  // Renormalised over what is kept: 0.3 / 0.8 of the draws for token 1.
+  EXPECT_NEAR(seen_two[1] / 4000.0, 0.375, 0.03);
+}
+
+// Greedy choices after each adjustment, against the formulas.
+TEST(Sampler, PenaltiesBiasAndBansMoveTheLogits) {
+  const float logits[] = {2.0f, 1.9f, -0.5f, -0.6f, 1.0f};
+  const std::vector<int32_t> prompt = {0, 3}, generated = {1, 1, 4};
+  auto greedy = [&](SamplerOptions o, std::vector<int32_t> banned = {}) {
+    o.temperature = 0;
+    Sampler s(o);
+    return s.sample(logits, 5, {prompt, generated, banned});
+  };
+  EXPECT_EQ(greedy({}), 0);
+  // Repetition 1.5 over prompt and output: 2.0 -> 1.33 (0), 1.9 -> 1.27 (1),
+  // 1.0 -> 0.67 (4), -0.6 -> -0.9 (3); token 2 (unseen) keeps -0.5.
+  SamplerOptions rep;
+  rep.repetition_penalty = 1.5f;
+  EXPECT_EQ(greedy(rep), 0);
+  rep.repetition_penalty = 5.0f;  // 0.4, 0.38, 0.2: still 0 over the unseen -0.5
+  EXPECT_EQ(greedy(rep), 0);
+  rep.logit_bias = {{2, 1.0f}};    // unseen token 2: -0.5 + 1 = 0.5 beats 0.4
+  EXPECT_EQ(greedy(rep), 2);
+  // Frequency 0.3 per occurrence in the output only: token 1 (twice) 1.3,
+  // token 4 0.7; token 0 (prompt only) keeps 2.0.
+  SamplerOptions freq;
+  freq.frequency_penalty = 0.3f;
+  freq.logit_bias = {{0, -0.8f}};  // 1.2 < token 1's 1.3
+  EXPECT_EQ(greedy(freq), 1);
+  freq.presence_penalty = 0.2f;    // token 1: 1.1 < 1.2
+  EXPECT_EQ(greedy(freq), 0);
+  // A negative penalty favours what was generated.
+  SamplerOptions pres;
+  pres.presence_penalty = -0.5f;
+  EXPECT_EQ(greedy(pres), 1);      // 2.4 > 2.0
+  // Banned tokens are never chosen, greedy or sampled.
+  EXPECT_EQ(greedy({}, {0, 1}), 4);
+  Sampler hot({2.0f, 0, 1.0f, 5});
+  for (int i = 0; i < 500; ++i) EXPECT_NE(hot.sample(logits, 5, {prompt, generated, std::vector<int32_t>{0}}), 0);
+}
+
 TEST(Sampler, RejectsInvalidOptions) {
   EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, 0, 1.5f, 0}), Error);
+  auto with = [](auto edit) {
+    SamplerOptions o;
+    edit(o);
+    return o;
+  };
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.min_p = 1.5f; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.repetition_penalty = 0; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.presence_penalty = NAN; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.logit_bias = {{-1, 1.0f}}; })), Error);
 }
 
 }  // namespace

@@ -340,8 +340,8 @@ class GgufWriter {
 };
 
 // Writes a small "llama" vocabulary, lets `edit` change it, and loads it.
-template <class Edit>
-Vocab load_edited_gguf(const std::string& name, Edit edit) {
+template <class Edit, class Extra = void (*)(GgufWriter&)>
+Vocab load_edited_gguf(const std::string& name, Edit edit, Extra extra = [](GgufWriter&) {}) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "a"};
   std::vector<float> scores = {0, 0, 0, -1};
   std::vector<int32_t> types = {2, 3, 3, 1};
@@ -354,6 +354,7 @@ Vocab load_edited_gguf(const std::string& name, Edit edit) {
   w.floats("tokenizer.ggml.scores", scores);
   w.ints("tokenizer.ggml.token_type", types);
   w.u32("tokenizer.ggml.bos_token_id", bos);
+  extra(w);
   const std::string path = temp_path(name);
   write_all(path, w.bytes());
   return load_gguf_vocab(GgufFile(path));
@@ -381,6 +382,32 @@ TEST(GgufVocab, ValidatesMetadata) {
                Error);
   // A gpt2 vocabulary needs merges and explicit special ids.
   EXPECT_THROW(load_edited_gguf("gpt2.gguf", [](auto& model, auto&...) { model = "gpt2"; }), Error);
+}
+
+// Chat models end a turn with a control token that is often not the GGUF's
+// EOS; generation must stop there too.
+TEST(GgufVocab, FindsEndOfTurnTokens) {
+  const Vocab plain = load_edited_gguf("plain.gguf", [](auto&...) {});
+  EXPECT_TRUE(plain.end_of_turn_ids.empty());
+  EXPECT_EQ(Tokenizer(plain).end_of_generation_ids(), std::vector<int32_t>{2});
+  const Vocab chat = load_edited_gguf("chat.gguf", [](auto&, auto& tokens, auto& scores, auto& types, auto&) {
+    // Control tokens 4 and 5 end a turn; token 6 is spelled like one but is
+    // a normal token (text a user may type).
+    const std::pair<const char*, int32_t> added[] = {{"<|im_end|>", 3}, {"<|eot_id|>", 3}, {"<|end|>", 1}};
+    for (const auto& [piece, type] : added) {
+      tokens.push_back(piece);
+      scores.push_back(0);
+      types.push_back(type);
+    }
+  });
+  EXPECT_EQ(chat.end_of_turn_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(Tokenizer(chat).end_of_generation_ids(), (std::vector<int32_t>{2, 4, 5}));
+  // A GGUF may name its end of turn; an id outside the vocabulary is ignored.
+  const Vocab named = load_edited_gguf("named.gguf", [](auto&...) {}, [](GgufWriter& w) {
+    w.u32("tokenizer.ggml.eot_token_id", 3);
+    w.u32("tokenizer.ggml.eom_token_id", 99);
+  });
+  EXPECT_EQ(named.end_of_turn_ids, std::vector<int32_t>{3});
 }
 
 TEST(Tokenizer, RejectsInconsistentVocab) {

@@ -16,6 +16,10 @@ struct GenerateArgs {
   float top_p = 1.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   bool ignore_eos = false;
   SparsityFlags sparsity;
 };
@@ -45,8 +49,13 @@ void run(const GenerateArgs& a) {
   GenerateOptions g;
   g.sparsity = sparsity;
   g.stop_at_eos = !a.ignore_eos;
+  if (g.stop_at_eos) g.stop_token_ids = tok.end_of_generation_ids();  // EOS and the end of a chat turn
   g.max_tokens = a.max_tokens;
   g.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  g.sampling.min_p = a.min_p;
+  g.sampling.repetition_penalty = a.repetition_penalty;
+  g.sampling.presence_penalty = a.presence_penalty;
+  g.sampling.frequency_penalty = a.frequency_penalty;
   const std::vector<int32_t> prompt = tok.encode(a.prompt, true);
   std::string text;
   auto on_token = [&](int32_t prev, int32_t token) {
@@ -101,7 +110,19 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
-  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating when BOS or EOS is sampled (length runs)");
+  cmd->add_option("--min-p", args->min_p, "drop tokens less likely than this fraction of the most likely (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "divide the logits of tokens already in the text by this (multiply when negative; 1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->presence_penalty,
+                  "subtract from the logit of every token generated so far")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "subtract from a token's logit per time it was generated")
+      ->capture_default_str();
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "keep generating when BOS, EOS or an end-of-turn token is sampled (length runs)");
   add_sparsity_options(*cmd, args->sparsity);
   cmd->callback([args] { run(*args); });
 }

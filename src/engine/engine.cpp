@@ -44,8 +44,8 @@ Engine::Engine(const Model& model, const EngineOptions& options)
   if (options.max_waiting <= 0) fail("the waiting queue must hold at least one request (got {})", options.max_waiting);
   tokenizer_ = model.tokenizer();
   if (tokenizer_) {
-    bos_id_ = tokenizer_->bos_id();
-    eos_id_ = tokenizer_->eos_id();
+    end_ids_ = tokenizer_->end_of_generation_ids();
+    end_ids_.push_back(tokenizer_->bos_id());
   }
   if (!options.kv_tiers.empty()) {
     if (!prefix_) fail("--kv-tiers needs prefix caching (blocks are stored under their prefix-cache keys)");
@@ -301,6 +301,14 @@ SubmitResult Engine::submit(Request r) {
   }
   for (const std::string& s : r.stop)
     if (s.empty()) return invalid("stop strings must not be empty");
+  for (int32_t t : r.stop_token_ids)
+    if (t < 0 || t >= c.vocab_size)
+      return invalid(fmt::format("stop token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (t >= c.vocab_size)
+      return invalid(fmt::format("logit bias token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
+    return invalid(fmt::format("min_tokens ({}) must be between 0 and max_tokens ({})", r.min_tokens, r.max_tokens));
 
   std::lock_guard<std::mutex> lock(inbox_mutex_);
   if (stopping_) return SubmitResult{SubmitResult::Status::QueueFull, 0, "the server is shutting down"};
@@ -366,8 +374,23 @@ void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::stri
   sequences_.erase(seq->id());
 }
 
+bool Engine::ends_generation(const Request& r, int32_t token) const {
+  auto in = [token](const std::vector<int32_t>& ids) { return std::find(ids.begin(), ids.end(), token) != ids.end(); };
+  return (r.stop_at_eos && in(end_ids_)) || in(r.stop_token_ids);
+}
+
 void Engine::on_logits(Sequence* seq, const float* logits) {
-  const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size);
+  const Request& r = seq->request();
+  // Before min_tokens the end tokens cannot be sampled.
+  thread_local std::vector<int32_t> banned;
+  banned.clear();
+  if (seq->num_generated() < r.min_tokens) {
+    if (r.stop_at_eos) banned = end_ids_;
+    banned.insert(banned.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+  }
+  const std::span<const int32_t> all(seq->tokens());
+  const SamplingContext context{all.first(size_t(seq->num_prompt())), all.subspan(size_t(seq->num_prompt())), banned};
+  const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size, context);
   const double t = now();
   if (seq->first_token_seconds == 0) {
     seq->first_token_seconds = t;
@@ -376,7 +399,11 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
     local_.tpot.observe(t - seq->last_token_seconds);
   }
   seq->last_token_seconds = t;
-  if (seq->request().stop_at_eos && (next == eos_id_ || next == bos_id_)) {
+  if (ends_generation(r, next)) {
+    // The end token counts as generated (OpenAI's and vLLM's usage) but
+    // adds no text.
+    seq->append(next, {});
+    ++local_.generated_tokens;
     finish(seq, FinishReason::Stop, -1, seq->take_held_text());
     return;
   }

@@ -191,6 +191,8 @@ class Engine {
   void absorb_inbox();
   void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {});
   void on_logits(Sequence* seq, const float* logits);
+  // Whether sampling `token` ends r's generation (an end or stop token).
+  bool ends_generation(const Request& r, int32_t token) const;
   void publish_stats();
   double now() const;
   PrefixHooks prefix_hooks();
@@ -215,7 +217,9 @@ class Engine {
   std::map<std::string, TenantId> tenants_;  // tenant name -> prefix-cache account
   std::string tenant_secret_;
   Scheduler scheduler_;
-  int32_t bos_id_ = 1, eos_id_ = 2;
+  // Tokens that end a generation under Request::stop_at_eos: EOS, the
+  // vocabulary's end-of-turn tokens and BOS (llama2.c).
+  std::vector<int32_t> end_ids_{2, 1};
   const Tokenizer* tokenizer_ = nullptr;
   std::chrono::steady_clock::time_point epoch_;
 

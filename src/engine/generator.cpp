@@ -71,8 +71,11 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   // tokens after BOS, the last of which is sampled but never fed back.
   int32_t token = prompt.back();
   while (int32_t(result.tokens.size()) <= limit) {
-    const int32_t next = sampler.sample(logits.row(0), logits.vocab);
+    const std::span<const int32_t> all(result.tokens);
+    const int32_t next = sampler.sample(logits.row(0), logits.vocab,
+                                        {all.first(size_t(result.prompt_tokens)), all.subspan(size_t(result.prompt_tokens)), {}});
     if (options.stop_at_eos && (next == bos_id || next == eos_id)) break;
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) != options.stop_token_ids.end()) break;
     result.tokens.push_back(next);
     ++result.generated_tokens;
     on_token(token, next);

@@ -21,6 +21,7 @@ struct GenerateOptions {
   SamplerOptions sampling;
   int32_t prefill_chunk = 512;  // prompt tokens per forward pass
   bool stop_at_eos = true;      // stop when BOS or EOS is sampled, as llama2.c does for BOS
+  std::vector<int32_t> stop_token_ids;  // also stop when one is sampled (a chat model's end of turn)
   // KV sparsity of the sequence (issue 4). With positions within the cache
   // (sinks), max_tokens may exceed the model's context length.
   SparsityOptions sparsity;

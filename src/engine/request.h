@@ -52,8 +52,12 @@ struct Request {
   std::vector<int32_t> prompt;    // token ids, BOS included when wanted
   int32_t max_tokens = 16;        // tokens to generate, >= 1
   SamplerOptions sampling;
-  bool stop_at_eos = true;        // stop at the tokenizer's EOS (and BOS, as llama2.c)
+  bool stop_at_eos = true;        // stop at the tokenizer's EOS and end-of-turn tokens (and BOS, as llama2.c)
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
+  std::vector<int32_t> stop_token_ids;  // also end the generation (even with stop_at_eos false)
+  // Before this many tokens are generated, the end tokens above cannot be
+  // sampled and stop strings are not looked for (vLLM's min_tokens).
+  int32_t min_tokens = 0;
   std::string tenant;             // authenticated tenant (set by the server, not the client);
                                   // empty = the default tenant
   std::string session;            // non-empty: prefix caching in this session's own scope

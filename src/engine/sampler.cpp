@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "util/error.h"
 
@@ -11,6 +12,17 @@ void SamplerOptions::validate() const {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) fail("--temperature must be >= 0 (got {})", temperature);
   if (top_k < 0) fail("--top-k must be >= 0 (got {})", top_k);
   if (!(top_p > 0.0f && top_p <= 1.0f)) fail("--top-p must be in (0, 1] (got {})", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail("--min-p must be in [0, 1] (got {})", min_p);
+  if (!std::isfinite(presence_penalty) || !std::isfinite(frequency_penalty))
+    fail("the presence and frequency penalties must be finite (got {}, {})", presence_penalty, frequency_penalty);
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    fail("--repetition-penalty must be > 0 (got {})", repetition_penalty);
+  for (const auto& [token, bias] : logit_bias)
+    if (token < 0 || !std::isfinite(bias)) fail("logit bias {} for token {} is invalid", bias, token);
+}
+
+bool SamplerOptions::adjusts_logits() const {
+  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty();
 }
 
 int32_t argmax(const float* x, int32_t n) {
@@ -24,7 +36,39 @@ Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(option
   options_.validate();
 }
 
-int32_t Sampler::sample(const float* logits, int32_t vocab) {
+const float* Sampler::adjust(const float* logits, int32_t vocab, const SamplingContext& context) {
+  if (!options_.adjusts_logits() && context.banned.empty()) return logits;
+  adjusted_.assign(logits, logits + vocab);
+  auto valid = [vocab](int32_t t) { return t >= 0 && t < vocab; };
+  if (options_.repetition_penalty != 1.0f) {
+    seen_.assign(size_t(vocab), 0);
+    for (std::span<const int32_t> part : {context.prompt, context.generated})
+      for (int32_t t : part)
+        if (valid(t) && !seen_[size_t(t)]) {
+          seen_[size_t(t)] = 1;
+          float& l = adjusted_[size_t(t)];
+          l = l > 0 ? l / options_.repetition_penalty : l * options_.repetition_penalty;
+        }
+  }
+  if (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f) {
+    counts_.assign(size_t(vocab), 0);
+    for (int32_t t : context.generated)
+      if (valid(t)) ++counts_[size_t(t)];
+    for (int32_t t : context.generated)
+      if (valid(t) && counts_[size_t(t)] > 0) {
+        adjusted_[size_t(t)] -= options_.frequency_penalty * float(counts_[size_t(t)]) + options_.presence_penalty;
+        counts_[size_t(t)] = 0;  // once per distinct token
+      }
+  }
+  for (const auto& [t, bias] : options_.logit_bias)
+    if (valid(t)) adjusted_[size_t(t)] += bias;
+  for (int32_t t : context.banned)
+    if (valid(t)) adjusted_[size_t(t)] = -std::numeric_limits<float>::infinity();
+  return adjusted_.data();
+}
+
+int32_t Sampler::sample(const float* raw_logits, int32_t vocab, const SamplingContext& context) {
+  const float* logits = adjust(raw_logits, vocab, context);
   if (options_.temperature == 0.0f) return argmax(logits, vocab);
 
   candidates_.resize(size_t(vocab));
@@ -56,6 +100,17 @@ int32_t Sampler::sample(const float* logits, int32_t vocab) {
     total = mass;
   } else {
     total = 1.0;
+  }
+  if (options_.min_p > 0.0f) {
+    // Sorted by probability: cut where it falls below min_p x the first.
+    const float floor = options_.min_p * candidates_.front().first;
+    size_t cut = 1;
+    while (cut < candidates_.size() && candidates_[cut].first >= floor) ++cut;
+    if (cut < candidates_.size()) {
+      candidates_.resize(cut);
+      total = 0;
+      for (const auto& c : candidates_) total += c.first;
+    }
   }
 
   std::uniform_real_distribution<double> uniform(0.0, total);

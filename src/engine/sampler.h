@@ -1,9 +1,15 @@
 // Picks the next token from logits: greedy at temperature 0, otherwise
-// temperature-scaled sampling restricted by top-k and top-p (nucleus).
+// temperature-scaled sampling restricted by top-k, top-p (nucleus) and
+// min-p. Before either, the logits may be adjusted for the tokens already
+// seen: OpenAI's presence and frequency penalties, the CTRL/vLLM repetition
+// penalty and a logit bias, and tokens the caller bans (end tokens before
+// min_tokens).
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace kvserve {
@@ -13,9 +19,31 @@ struct SamplerOptions {
   int32_t top_k = 0;         // keep the k most likely tokens; 0 = all
   float top_p = 1.0f;        // keep the smallest set with probability mass >= top_p; 1 = all
   uint64_t seed = 0;         // seeds the random stream; same seed, same samples
+  float min_p = 0.0f;        // drop tokens less likely than min_p x the most likely one; 0 = off
+  // OpenAI's penalties over the generated tokens: a token's logit loses
+  // presence_penalty once it has appeared, and frequency_penalty per time.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Over prompt and generated tokens (CTRL, vLLM, llama.cpp's repeat
+  // penalty): a seen token's logit is divided by it when positive,
+  // multiplied when negative. 1 = off.
+  float repetition_penalty = 1.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit)
 
-  // Throws kvserve::Error for negative temperature/top_k or top_p outside (0, 1].
+  // Throws kvserve::Error for negative temperature/top_k, top_p outside
+  // (0, 1], min_p outside [0, 1], a non-positive repetition penalty or a
+  // non-finite penalty or bias.
   void validate() const;
+  // Whether any adjustment of the logits applies.
+  bool adjusts_logits() const;
+};
+
+// What the sampled sequence holds so far, for the penalties, and the tokens
+// that may not be sampled now.
+struct SamplingContext {
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> generated;
+  std::span<const int32_t> banned;
 };
 
 class Sampler {
@@ -23,12 +51,18 @@ class Sampler {
   explicit Sampler(const SamplerOptions& options);
 
   // logits: (vocab) floats. Deterministic for a given seed and call sequence.
-  int32_t sample(const float* logits, int32_t vocab);
+  int32_t sample(const float* logits, int32_t vocab, const SamplingContext& context = {});
 
  private:
+  // The logits with the penalties, the bias and the bans applied.
+  const float* adjust(const float* logits, int32_t vocab, const SamplingContext& context);
+
   SamplerOptions options_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // (probability, id) scratch
+  std::vector<float> adjusted_;                        // (vocab) adjusted logits
+  std::vector<int32_t> counts_;                        // (vocab) occurrences in the generated tokens
+  std::vector<uint8_t> seen_;                          // (vocab) in the prompt or generated tokens
 };
 
 // Index of the largest value (the lowest index among equal maxima).

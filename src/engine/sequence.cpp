@@ -18,6 +18,10 @@ Sequence::Appended Sequence::append(int32_t token, const std::string& piece) {
   tokens_.push_back(token);
   held_ += piece;
   Appended out;
+  if (num_generated() < request_.min_tokens) {
+    out.text = take_held_text();
+    return out;
+  }
   // The earliest match of any stop string ends the text there.
   size_t cut = std::string::npos;
   for (const std::string& s : request_.stop) {

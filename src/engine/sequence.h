@@ -74,7 +74,8 @@ class Sequence {
     std::string text;     // text safe to emit now (never part of a possible stop string)
     bool stopped = false; // a stop string matched: the sequence is done, text is cut before it
   };
-  // Appends a sampled token and its text piece; checks the stop strings.
+  // Appends a sampled token and its text piece; checks the stop strings
+  // once min_tokens tokens are generated (before, the text goes out whole).
   Appended append(int32_t token, const std::string& piece);
   // Text still held back because it could begin a stop string (emitted at the end).
   std::string take_held_text();

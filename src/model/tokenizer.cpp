@@ -1,5 +1,6 @@
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -71,6 +72,32 @@ void validate(const Vocab& v, std::string_view source) {
   check_id(v.bos_id, "BOS");
   check_id(v.eos_id, "EOS");
   if (v.unk_id != -1) check_id(v.unk_id, "unknown-token");
+  for (int32_t id : v.end_of_turn_ids) check_id(id, "end-of-turn");
+}
+
+// Control tokens that end a turn in the chat templates of common models
+// (Llama 3, ChatML/Qwen, Phi-3, Gemma, CodeLlama, DeepSeek, GPT-2 style).
+constexpr std::string_view kEndOfTurnPieces[] = {
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+};
+
+// The end-of-turn ids a GGUF names or spells, EOS left out.
+std::vector<int32_t> find_end_of_turn_ids(const Vocab& v, const GgufFile& file) {
+  std::vector<int32_t> ids;
+  auto add = [&](int64_t id) {
+    if (id >= 0 && id < int64_t(v.tokens.size()) && id != v.eos_id &&
+        std::find(ids.begin(), ids.end(), int32_t(id)) == ids.end())
+      ids.push_back(int32_t(id));
+  };
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (file.has(key)) add(file.get_int(key));
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    if (v.types[i] != TokenType::Control && v.types[i] != TokenType::UserDefined) continue;
+    for (std::string_view piece : kEndOfTurnPieces)
+      if (v.tokens[i] == piece) add(int64_t(i));
+  }
+  return ids;
 }
 
 // One symbol of a BPE merge: bytes [begin, begin + len) of the text. Symbols
@@ -276,6 +303,7 @@ Vocab load_gguf_vocab(const GgufFile& file) {
   v.unk_id = read_id("tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
   v.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", spm);
   v.add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", spm);
+  v.end_of_turn_ids = find_end_of_turn_ids(v, file);
   validate(v, path);
   return v;
 }
@@ -423,6 +451,12 @@ std::string Tokenizer::decode_piece(int32_t prev, int32_t token) const {
   // SentencePiece's decoder drops the dummy-prefix space of the first word.
   if (prev == vocab_.bos_id && !text.empty() && text[0] == ' ') text.erase(0, 1);
   return text;
+}
+
+std::vector<int32_t> Tokenizer::end_of_generation_ids() const {
+  std::vector<int32_t> ids{vocab_.eos_id};
+  ids.insert(ids.end(), vocab_.end_of_turn_ids.begin(), vocab_.end_of_turn_ids.end());
+  return ids;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> tokens) const {

@@ -37,6 +37,11 @@ struct Vocab {
   int32_t unk_id = 0;
   bool add_bos = true;                // whether encode(text) prepends BOS by default
   bool add_space_prefix = true;       // SentencePiece: prepend "▁" to the text
+  // Tokens besides EOS that end a generation: a chat model's end of turn
+  // (tokenizer.ggml.eot_token_id / eom_token_id, and control tokens spelled
+  // as the common templates spell it: <|eot_id|>, <|im_end|>, <|end|>...).
+  // Many GGUFs name only the end of the document as EOS.
+  std::vector<int32_t> end_of_turn_ids;
 };
 
 // Reads a llama2.c tokenizer .bin (max_token_length, then per token: float
@@ -67,6 +72,8 @@ class Tokenizer {
   int32_t vocab_size() const { return int32_t(vocab_.tokens.size()); }
   int32_t bos_id() const { return vocab_.bos_id; }
   int32_t eos_id() const { return vocab_.eos_id; }
+  // EOS and the end-of-turn tokens: sampling one ends a generation.
+  std::vector<int32_t> end_of_generation_ids() const;
   bool add_bos_default() const { return vocab_.add_bos; }
   const Vocab& vocab() const { return vocab_; }
 

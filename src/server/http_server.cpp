@@ -386,7 +386,21 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
                                            ? fmt::format(", of which its KV policy keeps {}", fp.held_tokens)
                                            : ""),
                            cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
+  if (cr.min_tokens > max_tokens)
+    return invalid_request(fmt::format("'min_tokens' ({}) is more than max_tokens ({})", cr.min_tokens, max_tokens),
+                           "min_tokens", "invalid_value");
+  const int32_t vocab = engine_.config().vocab_size;
+  for (int32_t t : cr.stop_token_ids)
+    if (t >= vocab) return invalid_request(fmt::format("stop token id {} is out of range (the vocabulary has {} tokens)",
+                                                       t, vocab),
+                                           "stop_token_ids", "invalid_value");
+  for (const auto& [t, bias] : cr.sampling.logit_bias)
+    if (t >= vocab) return invalid_request(fmt::format("logit_bias token id {} is out of range (the vocabulary has {} "
+                                                       "tokens)", t, vocab),
+                                           "logit_bias", "invalid_value");
   r->max_tokens = int32_t(max_tokens);
+  r->min_tokens = cr.min_tokens;
+  r->stop_token_ids = cr.stop_token_ids;
   r->sampling = cr.sampling;
   if (!cr.seed_given) {
     std::lock_guard<std::mutex> lock(seed_mutex_);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -72,12 +73,14 @@ double read_number(const json& obj, const char* name, double fallback) {
 
 // An integer; an integral float (16.0) is accepted, 16.5 is not.
 int64_t as_integer(const json& v, const std::string& param) {
-  if (v.is_number_integer()) return v.get<int64_t>();
+  // Unsigned first: is_number_integer() is true for unsigned values too, and
+  // one past INT64_MAX would wrap to a negative number.
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
     if (u > uint64_t(std::numeric_limits<int64_t>::max())) reject(fmt::format("'{}' is too large", param), param);
     return int64_t(u);
   }
+  if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     const double d = v.get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return int64_t(d);
@@ -184,6 +187,55 @@ void parse_stop(const json& body, CompletionRequest& r) {
     if (x.empty()) reject("stop strings must not be empty", "stop");
 }
 
+void parse_stop_token_ids(const json& body, CompletionRequest& r) {
+  if (const json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
+    if (ids->size() > kMaxStopTokenIds)
+      reject(fmt::format("'stop_token_ids' holds at most {} ids", kMaxStopTokenIds), "stop_token_ids");
+    for (const json& x : *ids) r.stop_token_ids.push_back(token_id(x, "stop_token_ids"));
+  }
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}, as OpenAI.
+void parse_logit_bias(const json& body, SamplerOptions& sampling) {
+  const json* b = field(body, "logit_bias");
+  if (!b) return;
+  if (!b->is_object()) wrong_type("logit_bias", "an object", *b);
+  if (b->size() > kMaxLogitBias)
+    reject(fmt::format("'logit_bias' holds at most {} tokens", kMaxLogitBias), "logit_bias");
+  for (const auto& [key, value] : b->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      reject(fmt::format("'logit_bias' keys must be token ids (got '{}')", key), "logit_bias");
+    if (!value.is_number()) wrong_type("logit_bias", "an object of numbers", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100 && bias <= 100))
+      reject(fmt::format("'logit_bias' values must be between -100 and 100 (got {} for token {})", bias, id),
+             "logit_bias");
+    sampling.logit_bias.emplace_back(int32_t(id), float(bias));
+  }
+}
+
+// OpenAI's presence and frequency penalties, vLLM's repetition_penalty,
+// min_p and min_tokens.
+void parse_penalties(const json& body, CompletionRequest& r) {
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    const double p = read_number(body, penalty, 0);
+    if (!(p >= -2 && p <= 2)) reject(fmt::format("'{}' must be between -2 and 2", penalty), penalty);
+  }
+  r.sampling.presence_penalty = float(read_number(body, "presence_penalty", 0));
+  r.sampling.frequency_penalty = float(read_number(body, "frequency_penalty", 0));
+  const double rp = read_number(body, "repetition_penalty", 1);
+  if (!(rp > 0 && rp <= 100)) reject("'repetition_penalty' must be in (0, 100]", "repetition_penalty");
+  r.sampling.repetition_penalty = float(rp);
+  const double min_p = read_number(body, "min_p", 0);
+  if (!(min_p >= 0 && min_p <= 1)) reject("'min_p' must be in [0, 1]", "min_p");
+  r.sampling.min_p = float(min_p);
+  r.min_tokens = read_int(body, "min_tokens", 0, std::numeric_limits<int32_t>::max(), 0);
+  parse_logit_bias(body, r.sampling);
+}
+
 void parse_kv(const json& body, KvRequest& kv) {
   const json* k = field(body, "kv");
   if (!k) return;
@@ -217,15 +269,17 @@ void refuse_unsupported(const json& body) {
   if (const json* t = field(body, "top_logprobs"); t && !(t->is_number() && t->get<double>() == 0))
     unsupported("top_logprobs", "top_logprobs");
   if (!read_string(body, "suffix", "suffix").empty()) unsupported("suffix", "suffix");
-  if (const json* b = field(body, "logit_bias")) {
-    if (!b->is_object()) wrong_type("logit_bias", "an object", *b);
-    if (!b->empty()) unsupported("logit_bias", "logit_bias");
-  }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    const double p = read_number(body, penalty, 0);
-    if (p < -2 || p > 2) reject(fmt::format("'{}' must be between -2 and 2", penalty), penalty);
-    if (p != 0) unsupported(penalty, penalty);
-  }
+  // vLLM's extensions beyond those kvserve implements: refused rather than
+  // dropped when they ask for something.
+  if (read_bool(body, "use_beam_search", false)) unsupported("use_beam_search", "beam search");
+  if (read_number(body, "length_penalty", 1) != 1) unsupported("length_penalty", "length_penalty");
+  if (read_bool(body, "include_stop_str_in_output", false))
+    unsupported("include_stop_str_in_output", "include_stop_str_in_output");
+  if (!read_bool(body, "skip_special_tokens", true))
+    unsupported("skip_special_tokens", "printing special tokens (skip_special_tokens false)");
+  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                             "truncate_prompt_tokens", "prompt_logprobs", "bad_words", "allowed_token_ids"})
+    if (field(body, guided)) unsupported(guided, guided);
   for (const char* tools : {"tools", "functions"})
     if (const json* t = field(body, tools); t && !(t->is_array() && t->empty())) unsupported(tools, "tool calling");
   for (const char* choice : {"tool_choice", "function_call"})
@@ -284,6 +338,8 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
     r.seed_given = true;
   }
   parse_stop(body, r);
+  parse_stop_token_ids(body, r);
+  parse_penalties(body, r);
 
   r.stream = read_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {

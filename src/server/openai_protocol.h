@@ -62,6 +62,8 @@ struct CompletionRequest {
   SamplerOptions sampling;                // OpenAI's defaults: temperature 1, top_p 1; top_k 0 (all)
   bool seed_given = false;                // sampling.seed came from the client
   std::vector<std::string> stop;          // stop strings, each non-empty
+  std::vector<int32_t> stop_token_ids;    // extension (vLLM): token ids that also end the text
+  int32_t min_tokens = 0;                 // extension (vLLM): no end token or stop string before this many
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
   bool ignore_eos = false;                // extension (vLLM's name): keep generating past EOS
@@ -69,6 +71,8 @@ struct CompletionRequest {
 };
 
 inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopTokenIds = 64;
+inline constexpr size_t kMaxLogitBias = 300;  // OpenAI's limit
 
 // Parses a request body for `endpoint`. Returns the request or the 400 to send.
 [[nodiscard]] std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
