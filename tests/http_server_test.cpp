@@ -12,6 +12,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +78,50 @@ std::string stream_text(const Reply& r) {
   }
   return text;
 }
+
+// A raw client connection to 127.0.0.1:port, for what httplib's client
+// will not send (chunked bodies of any size, no length at all).
+class RawConnection {
+ public:
+  explicit RawConnection(int port, int timeout_s) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{timeout_s, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawConnection() { ::close(fd_); }
+  // Sends until done or the server shuts the connection.
+  void send(const std::string& bytes) {
+    for (size_t sent = 0; sent < bytes.size();) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      sent += size_t(n);
+    }
+  }
+  // One response (headers and a Content-Length body), or what came before
+  // the connection closed or the timeout passed.
+  std::string response() {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const size_t head = out.find("\r\n\r\n");
+      if (head != std::string::npos) {
+        const size_t at = out.find("Content-Length: ");
+        const size_t length = at < head ? std::stoul(out.substr(at + 16)) : 0;
+        if (out.size() >= head + 4 + length) return out;
+      }
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return out;
+      out.append(buf, size_t(n));
+    }
+  }
+
+ private:
+  int fd_;
+};
 
 class HttpServerTest : public ::testing::Test {
  protected:
@@ -541,6 +590,65 @@ TEST_F(HttpServerTest, RequestLimitsFollowTheRequestsKvPolicy) {
   EXPECT_EQ(sinks.body["usage"]["completion_tokens"], 600);
   const EngineStats s = stats_when([](const EngineStats& s) { return s.requests_finished == 2; });
   EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+// httplib (0.11) caps a body with a Content-Length but would buffer a
+// chunked one whole (a helper's 100 MiB upload took 264 MiB of memory), and
+// waited out its read timeout on a POST with no length at all.
+TEST_F(HttpServerTest, BodiesPastTheCapGet413AndEmptyPostsAnAnswerAtOnce) {
+  HttpServerOptions ho;
+  ho.max_body_bytes = 4096;
+  start({}, ho);
+  auto chunked = [](size_t chunks, size_t size) {
+    std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (size_t i = 0; i < chunks; ++i) req += fmt::format("{:x}\r\n{}\r\n", size, std::string(size, 'a'));
+    return req + "0\r\n\r\n";
+  };
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  {
+    // 9 KB chunked: 413, then the connection serves the next request.
+    RawConnection c(port_, 10);
+    c.send(chunked(3, 3000));
+    std::string out = c.response();
+    EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out.substr(0, 200);
+    EXPECT_NE(out.find("payload_too_large"), std::string::npos);
+    c.send(health);
+    out = c.response();
+    EXPECT_NE(out.find("{\"status\":\"ok\"}"), std::string::npos) << out;
+  }
+  {
+    // Far past the cap: the connection is shut; nothing after the body is
+    // parsed as a request (it used to answer 414 to the body's bytes).
+    RawConnection c(port_, 10);
+    c.send(chunked(40, 4000) + health);
+    const std::string out = c.response() + c.response();
+    EXPECT_EQ(out.find("414"), std::string::npos) << out.substr(0, 300);
+    EXPECT_EQ(out.find("\"ok\""), std::string::npos) << out.substr(0, 300);
+  }
+  {
+    // A length past the cap (httplib's own check) gets the same error object.
+    RawConnection c(port_, 10);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + std::string(5000, 'a'));
+    const std::string out = c.response();
+    EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out.substr(0, 200);
+    EXPECT_NE(out.find("payload_too_large"), std::string::npos);
+  }
+  {
+    // No length and no chunks: an empty body, answered before the 2 s this
+    // socket waits (httplib's read timeout is 5 s); the connection goes on.
+    RawConnection c(port_, 2);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string out = c.response();
+    EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+    EXPECT_NE(out.find("invalid_json"), std::string::npos) << out;
+    c.send(health);
+    out = c.response();
+    EXPECT_NE(out.find("{\"status\":\"ok\"}"), std::string::npos) << out;
+  }
+  // The server still serves.
+  const Reply ok = post("/v1/completions", completion("Once upon a time", 2));
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+  EXPECT_EQ(engine_->stats().requests_submitted, 1);
 }
 
 TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {

@@ -69,6 +69,10 @@ int ConnectionProbe::shutdown_all(int local_port) {
   return n;
 }
 
+void ConnectionProbe::shut_down() const {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 bool ConnectionProbe::closed() const {
   if (fd_ < 0) return false;
   pollfd p{fd_, short(POLLIN | POLLRDHUP), 0};

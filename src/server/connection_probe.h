@@ -39,6 +39,10 @@ class ConnectionProbe {
   // True once the peer has closed its side or the connection failed. Never
   // blocks and never consumes data.
   bool closed() const;
+  // Shuts the connection down in both directions now: httplib must not
+  // parse what the client sends next (the rest of a body it gave up
+  // reading, of which its stream buffer may already hold a part).
+  void shut_down() const;
 
  private:
   explicit ConnectionProbe(int fd) : fd_(fd) {}

@@ -125,11 +125,26 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
 
   auto listener = std::make_unique<Listener>();
   httplib::Server& s = *listener;
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_completion(req, res, Endpoint::Completions);
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_completion(req, res, Endpoint::ChatCompletions);
+  // The POST routes read their bodies themselves: httplib (0.11) caps a
+  // body with a Content-Length but buffers a chunked one whole.
+  s.Post("/v1/completions",
+         [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+           if (std::optional<std::string> body = read_body(req, res, read)) handle_completion(req, *body, res, Endpoint::Completions);
+         });
+  s.Post("/v1/chat/completions",
+         [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+           if (std::optional<std::string> body = read_body(req, res, read))
+             handle_completion(req, *body, res, Endpoint::ChatCompletions);
+         });
+  // A POST with neither Content-Length nor chunked encoding has an empty
+  // body (RFC 9112); httplib would read until the client closes or its read
+  // timeout fires. Answer at once.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.method != "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, invalid_request("the request body is empty (send a JSON object with a Content-Length)", {},
+                                    "invalid_json"));
+    return httplib::Server::HandlerResponse::Handled;
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = model_json(model_name_, created_, context_length_, engine_.config().vocab_size);
@@ -454,7 +469,40 @@ void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Respo
   send_json(res, 200, {{"object", "list"}, {"data", events}, {"next", page.next}, {"first_kept", page.first_kept}});
 }
 
-void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+std::optional<std::string> HttpServer::read_body(const httplib::Request& req, httplib::Response& res,
+                                                 const httplib::ContentReader& read) const {
+  // A body past the cap is read on and dropped, up to a few times the cap,
+  // so that the 413 reaches the client and the next request on the
+  // connection starts where it should. A client sending more than that has
+  // its connection shut down: what follows could be parsed as requests.
+  const size_t cap = options_.max_body_bytes, drain = 4 * cap;
+  std::string body;
+  size_t seen = 0;
+  bool abandoned = false;  // stopped reading mid-body
+  const bool complete = read([&](const char* data, size_t n) {
+    seen += n;
+    if (seen <= cap) {
+      body.append(data, n);
+      return true;
+    }
+    std::string().swap(body);
+    abandoned = seen > drain;
+    return !abandoned;
+  });
+  if (complete && seen <= cap) return body;
+  if (abandoned) ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port).shut_down();
+  if (seen > cap || res.status == 413) {  // 413: httplib refused a Content-Length past the cap
+    send_error(res, error_of(413, fmt::format("the request body is too large (limit {} bytes)", cap),
+                             "invalid_request_error", "payload_too_large"));
+  } else {
+    send_error(res, invalid_request("the request body could not be read (truncated or malformed chunked encoding)", {},
+                                    "invalid_json"));
+  }
+  return std::nullopt;
+}
+
+void HttpServer::handle_completion(const httplib::Request& req, const std::string& body, httplib::Response& res,
+                                   Endpoint endpoint) {
   if (!begin_response()) {
     send_error(res, shutting_down());
     return;
@@ -481,7 +529,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                              "invalid_request_error", "invalid_api_key"));
     return;
   }
-  auto parsed = parse_completion_request(req.body, endpoint);
+  auto parsed = parse_completion_request(body, endpoint);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
     send_error(res, *e);
     return;

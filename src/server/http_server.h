@@ -49,6 +49,7 @@ namespace httplib {
 class Server;
 struct Request;
 struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace kvserve {
@@ -95,7 +96,12 @@ class HttpServer {
  private:
   struct Completion;
 
-  void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // The body of a POST, at most max_body_bytes; nullopt after sending the
+  // 413 (or the 400 for a body that could not be read).
+  std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& read) const;
+  void handle_completion(const httplib::Request& req, const std::string& body, httplib::Response& res,
+                         Endpoint endpoint);
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
   void handle_cache_events(const httplib::Request& req, httplib::Response& res);
   // Prompt tokens and max_tokens of a parsed request, or the 400.
