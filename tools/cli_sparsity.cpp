@@ -1,4 +1,6 @@
 // The KV sparsity flags shared by generate, perplexity and bench (issue 4).
+#include <limits>
+
 #include "tools/cli_common.h"
 
 namespace kvserve::cli {
@@ -8,9 +10,13 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
   cmd.add_option("--kv-policy", o.policy, "KV sparsity: full | window | sinks | h2o | snapkv | topk | ann")
       ->capture_default_str();
   cmd.add_option("--kv-budget", o.budget, "tokens kept (window, sinks, h2o, snapkv) or read (topk, ann) per layer and KV head");
-  cmd.add_option("--kv-sinks", o.sinks, "first tokens always kept (default: 4 for sinks, else 0)");
-  cmd.add_option("--kv-window", o.window, "most recent tokens always kept (default: h2o budget/2, snapkv the observation window)");
-  cmd.add_option("--kv-observe", o.observe, "snapkv: queries whose attention scores the tokens (default min(32, budget/2))");
+  // Unset is -1 inside SparsityOptions: the flags take no negative value.
+  cmd.add_option("--kv-sinks", o.sinks, "first tokens always kept (default: 4 for sinks, else 0)")
+      ->check(CLI::Range(0, std::numeric_limits<int32_t>::max()));
+  cmd.add_option("--kv-window", o.window, "most recent tokens always kept (default: h2o budget/2, snapkv the observation window)")
+      ->check(CLI::Range(0, std::numeric_limits<int32_t>::max()));
+  cmd.add_option("--kv-observe", o.observe, "snapkv: queries whose attention scores the tokens (default min(32, budget/2))")
+      ->check(CLI::Range(1, std::numeric_limits<int32_t>::max()));
   cmd.add_option("--kv-pool", o.pool, "snapkv: max-pool width over neighbouring tokens (odd; 1 = none)")->capture_default_str();
   cmd.add_option("--kv-horizon", o.horizon, "h2o/snapkv: evict tokens further back than this first (0 = no horizon)");
   cmd.add_option("--kv-scope", f.scope, "h2o/snapkv: head (a keep set per layer and KV head, default) | aggregate");
@@ -19,7 +25,9 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
   cmd.add_option("--kv-positions", f.positions, "RoPE positions after eviction: original | cache (default: cache for sinks)");
   cmd.add_option("--kv-ann", f.ann, "ann: key index back-end, hnsw (default) | ivfpq");
   cmd.add_option("--kv-ann-transform", f.ann_transform, "ann: l2aug (MIPS as L2 over augmented keys, default) | ip");
-  cmd.add_option("--kv-compact-slack", o.compact_slack, "evicted slots left in place before compacting (default one block)");
+  cmd.add_option("--kv-compact-slack", o.compact_slack,
+                 "evicted slots left in place before compacting (default one block; 0 or 1: compact at every eviction)")
+      ->check(CLI::Range(0, std::numeric_limits<int32_t>::max()));
 }
 
 SparsityOptions sparsity_options(const SparsityFlags& f) {

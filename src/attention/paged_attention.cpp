@@ -25,7 +25,13 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   float* scores = scratch.scores.data();  // (group, stride)
   const float scale = 1.0f / std::sqrt(float(head_dim));
   const bool masked = table.dead > 0;     // evicted slots still in place
-  const bool moved = !table.slot_positions.empty() && !table.positions_in_cache;  // positions differ from slots
+  // RoPE positions differ from slots: text positions after an eviction, or
+  // ranks in the cache while evicted slots wait for compaction.
+  const bool moved = !table.slot_positions.empty() && (!table.positions_in_cache || masked);
+  if (moved && cache.k_pre_rope(layer)) {
+    if (scratch.positions.size() < size_t(n_ctx)) scratch.positions.resize(size_t(n_ctx));
+    cache.key_rope_positions(table, layer, kv_head, n_ctx, scratch.positions.data());
+  }
 
   const bool pre_rope = cache.k_pre_rope(layer);
   if (pre_rope && scratch.rotated.size() < size_t(bs + 1) * group * head_dim)
@@ -56,7 +62,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
   // below, any rotation will do) when the slot holds no token.
   constexpr int32_t kEvicted = INT32_MIN;
   auto query_rotation = [&](int32_t slot) {
-    const int32_t pos = moved ? cache.key_rope_position(table, layer, kv_head, slot) : slot;
+    const int32_t pos = moved ? scratch.positions[size_t(slot)] : slot;
     if (rope_span == 1) return std::max(0, pos);
     const int32_t text_pos = cache.slot_position(table, layer, kv_head, slot);
     return text_pos < 0 ? kEvicted : pos - text_pos % rope_span;

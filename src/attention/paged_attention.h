@@ -20,6 +20,7 @@ struct AttentionScratch {
   std::vector<float> tile_q;   // (tokens, gqa_group, head_dim) a prefill tile's queries (tile_attention.h)
   std::vector<float> tile_out; // (tokens, gqa_group, head_dim) its unnormalized outputs
   std::vector<float> tile_stats; // (2, tokens * gqa_group) each row's largest score, then its exp-sum
+  std::vector<int32_t> positions; // (n_ctx) RoPE positions of pre-RoPE keys once they differ from slots
 };
 
 // What a sparsity policy asks of one attention call (issue 4). The default

@@ -27,12 +27,12 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
     fail("unknown --kv-policy '{}' (expected {})", p, fmt::join(sparsity_policy_names(), ", "));
   if (o.budget <= 0) fail("--kv-policy {} needs --kv-budget TOKENS (got {})", p, o.budget);
   if (o.pool < 1 || o.pool % 2 == 0) fail("--kv-pool must be odd and positive (got {})", o.pool);
-  if (o.compact_slack < 0) fail("--kv-compact-slack must be >= 0 (got {})", o.compact_slack);
+  if (o.compact_slack < -1) fail("--kv-compact-slack must be >= 0 (got {})", o.compact_slack);
   if (o.horizon < 0) fail("--kv-horizon must be >= 0 (got {})", o.horizon);
   if (o.horizon > 0 && p != "h2o" && p != "snapkv") fail("--kv-horizon applies to h2o and snapkv");
   if (o.value_weighted && p != "h2o" && p != "snapkv") fail("--kv-value-norm applies to h2o and snapkv");
   if (o.sinks < -1 || o.window < -1 || o.observe < -1 || o.observe == 0)
-    fail("--kv-sinks, --kv-window and --kv-observe must be positive when given");
+    fail("--kv-sinks and --kv-window must be >= 0 and --kv-observe >= 1 when given");
   if (o.sinks < 0) o.sinks = p == "sinks" ? 4 : 0;
   if (o.observe < 0) o.observe = std::min(32, std::max(1, o.budget / 2));
   if (o.window < 0) {
@@ -68,7 +68,7 @@ SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& ca
 }
 
 int32_t compaction_slack(const SparsityOptions& resolved, int32_t block_size) {
-  return resolved.compact_slack > 0 ? resolved.compact_slack : block_size;
+  return resolved.compact_slack >= 0 ? std::max(1, resolved.compact_slack) : block_size;
 }
 
 std::vector<std::string> sparsity_policy_names() { return {"full", "window", "sinks", "h2o", "snapkv", "topk", "ann"}; }

@@ -79,7 +79,8 @@ struct SparsityOptions {
   // output little, so it should not keep the token.
   bool value_weighted = false;
   SparsityPositions positions = SparsityPositions::Default;
-  int32_t compact_slack = 0;    // evicted slots left in place before compacting; 0 = one block
+  int32_t compact_slack = -1;   // evicted slots left in place before compacting; -1 = one block,
+                                // 0 or 1 = compact at every eviction
                                 // (compaction then always frees a block)
   KeyIndexBackend ann_backend = KeyIndexBackend::Hnsw;      // ann: hnsw | ivfpq
   MipsTransform ann_transform = MipsTransform::L2Augment;   // ann: l2aug | ip

@@ -30,9 +30,12 @@ struct BlockTable {
   std::vector<int32_t> slot_positions;
   int32_t dead = 0;                 // evicted slots not yet compacted, per (layer, KV head), in tokens
   int32_t evicted = 0;              // tokens evicted so far, per (layer, KV head)
-  // RoPE positions: the token's position in the text (default), or its slot
-  // (positions within the cache, as StreamingLLM: keys are stored before
-  // RoPE, so a key moved by compaction takes its new slot's rotation).
+  // RoPE positions: the token's position in the text (default), or its
+  // rank among the tokens the cache holds (positions within the cache, as
+  // StreamingLLM: keys are stored before RoPE and rotated by their rank when
+  // read). A rank counts no evicted slot, so it is the slot the token takes
+  // once compaction closes the gaps: outputs do not depend on when that
+  // happens (block size, compaction slack).
   bool positions_in_cache = false;
 
   // Tokens attention reads per (layer, KV head).
@@ -40,8 +43,9 @@ struct BlockTable {
   // The position in the text of a token appended at `slot`: the slot plus
   // the tokens compacted away before it.
   int32_t position_of_new(int32_t slot) const { return slot + evicted - dead; }
-  // The position RoPE rotates a token appended at `slot` by.
-  int32_t rope_position_of_new(int32_t slot) const { return positions_in_cache ? slot : position_of_new(slot); }
+  // The position RoPE rotates a token appended at `slot` by (every evicted
+  // slot lies before it).
+  int32_t rope_position_of_new(int32_t slot) const { return positions_in_cache ? slot - dead : position_of_new(slot); }
 };
 
 }  // namespace kvserve

@@ -294,6 +294,23 @@ void KvCache::read_keys(int layer, const BlockTable& table, int32_t begin, int32
   }
 }
 
+int32_t KvCache::key_rope_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const {
+  if (!table.positions_in_cache) return slot_position(table, layer, kv_head, slot);
+  if (table.dead == 0) return slot;
+  int32_t rank = 0;
+  for (int32_t s = 0; s < slot; ++s) rank += slot_position(table, layer, kv_head, s) >= 0;
+  return rank;
+}
+
+void KvCache::key_rope_positions(const BlockTable& table, int layer, int kv_head, int32_t n, int32_t* out) const {
+  int32_t rank = 0;
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t p = slot_position(table, layer, kv_head, s);
+    out[s] = table.positions_in_cache ? rank : p;
+    rank += p >= 0;
+  }
+}
+
 KvBlockView KvCache::v_view(int layer, const BlockTable& table, int32_t b, int32_t n_ctx) const {
   const Layer& l = layers_[size_t(layer)];
   if (l.v_staged && b >= sealed_blocks(n_ctx))

@@ -261,11 +261,13 @@ class KvCache {
   // floats. For policies that index keys and were not there when these were
   // written (a prefix-cache hit).  REQUIRES: end <= table.num_tokens.
   void read_keys(int layer, const BlockTable& table, int32_t begin, int32_t end, float* out) const;
-  // The position RoPE rotates the key in `slot` by (pre-RoPE keys): the slot
-  // itself with positions in the cache, else the token's position.
-  int32_t key_rope_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const {
-    return table.positions_in_cache ? slot : slot_position(table, layer, kv_head, slot);
-  }
+  // The position RoPE rotates the key in `slot` by (pre-RoPE keys): with
+  // positions in the cache its rank among the slots not evicted (O(slot)
+  // while evicted slots wait for compaction), else the token's position.
+  int32_t key_rope_position(const BlockTable& table, int layer, int kv_head, int32_t slot) const;
+  // The same for slots [0, n) at once, in O(n): out holds n positions
+  // (meaningless for evicted slots).
+  void key_rope_positions(const BlockTable& table, int layer, int kv_head, int32_t n, int32_t* out) const;
 
  private:
   struct Layer {
