@@ -152,8 +152,19 @@ TEST(ModelLoader, TruncatedBinNamesTruncation) {
     expect_error_containing([&] { (void)Model::load(path); },
                             "truncated llama2.c checkpoint: header implies " + std::to_string(floats) + " floats");
   }
+  // More than the header implies is an error too: a header whose shape is
+  // off (a helper set hidden_dim 171, or 4 layers) read the floats as other
+  // tensors and generated gibberish.
   write_all(path, full + "extra");
-  EXPECT_NO_THROW(Model::load(path));
+  expect_error_containing([&] { (void)Model::load(path); }, "implies " + std::to_string(floats) + " floats");
+  for (int field : {1, 2, 3}) {  // hidden_dim - 1, n_layers - 1, n_kv_heads / 2
+    Llama2cHeader h = stories_header();
+    if (field == 1) h.hidden_dim -= 1;
+    if (field == 2) h.n_layers -= 1;
+    if (field == 3) h.n_kv_heads /= 2;
+    write_all(path, with_header(full, h));
+    expect_error_containing([&] { (void)Model::load(path); }, "a wrong header or a file of another format");
+  }
 }
 
 TEST(ModelLoader, RejectsBadHeaderSizes) {
@@ -413,7 +424,14 @@ TEST(ModelLoader, GgufConfigErrors) {
   expect_config_error("rope.gguf", rope, TinyGguf(), "partial rotary embedding (2 of 4 dims)");
   GgufWriter eps;
   eps.set_f32("llama.attention.layer_norm_rms_epsilon", 0.0f);
-  expect_config_error("eps.gguf", eps, TinyGguf(), "norm_eps and rope_theta must be positive");
+  expect_config_error("eps.gguf", eps, TinyGguf(), "norm_eps (0) and rope_theta (10000) must be positive and finite");
+  // Infinity is positive, but every norm then gives zeros: a uniform output.
+  GgufWriter inf_eps;
+  inf_eps.set_f32("llama.attention.layer_norm_rms_epsilon", INFINITY);
+  expect_config_error("inf_eps.gguf", inf_eps, TinyGguf(), "must be positive and finite");
+  GgufWriter inf_theta;
+  inf_theta.set_f32("llama.rope.freq_base", INFINITY);
+  expect_config_error("inf_theta.gguf", inf_theta, TinyGguf(), "must be positive and finite");
 }
 
 TEST(ModelLoader, GgufArchitectureIsChecked) {
@@ -461,11 +479,12 @@ TEST(ModelLoader, TokenizerVocabSizeMismatchIsAnError) {
   Llama2cHeader h = stories_header();
   h.vocab_size = 256;
   const std::string path = temp_path("vocab256.bin");
-  write_all(path, with_header(read_all(kStoriesBin), h));
+  const std::string full = read_all(kStoriesBin);
+  write_all(path, with_header(full.substr(0, full.size() - 256 * 64 * 4), h));  // 256 fewer embedding rows
   expect_error_containing([&] { (void)Model::load(path, kTok512); }, "bytes follow the 256 tokens");
   // ... and as that of a 600-token model runs out.
   h.vocab_size = 600;
-  write_all(path, with_header(read_all(kStoriesBin) + std::string(88 * 64 * 4, '\0'), h));
+  write_all(path, with_header(full + std::string(88 * 64 * 4, '\0'), h));
   expect_error_containing([&] { (void)Model::load(path, kTok512); }, "truncated tokenizer file: token 512 of 600");
 }
 

@@ -228,9 +228,16 @@ void Model::load_llama2c(const std::string& path) {
   const int64_t per_layer = dim + dim * dim + 2 * dim * kv_dim + dim * dim + dim + 3 * dim * hidden;
   const int64_t expected = vocab * dim + layers * per_layer + dim + seq * head +
                            (shared_classifier ? 0 : vocab * dim);
+  // Exactly: a header whose shape differs from the weights' (n_layers or
+  // n_heads off) could otherwise read the floats as other tensors.
   const int64_t have = int64_t((size - kHeaderBytes) / sizeof(float));
   if (have < expected)
     fail("{}: truncated llama2.c checkpoint: header implies {} floats, file holds {}", path, expected, have);
+  if (have > expected || (size - kHeaderBytes) % sizeof(float) != 0)
+    fail("{}: llama2.c checkpoint holds {} bytes after its header; the header (dim {}, hidden {}, {} layers, {} heads, "
+         "{} KV heads, vocab {}, seq {}) implies {} floats ({} bytes): a wrong header or a file of another format",
+         path, size - kHeaderBytes, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
+         expected, expected * int64_t(sizeof(float)));
 
   const float* p = reinterpret_cast<const float*>(base + kHeaderBytes);
   auto take = [&](int64_t count) { const float* at = p; p += count; return at; };

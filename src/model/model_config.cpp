@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <cmath>
+
 #include "util/error.h"
 
 namespace kvserve {
@@ -19,7 +21,9 @@ void ModelConfig::validate(const std::string& source) const {
   if (n_heads % n_kv_heads != 0)
     fail("{}: n_heads {} is not a multiple of n_kv_heads {}", source, n_heads, n_kv_heads);
   if (head_dim() % 2 != 0) fail("{}: head dimension {} is odd (RoPE needs pairs)", source, head_dim());
-  if (!(norm_eps > 0.0f) || !(rope_theta > 0.0f)) fail("{}: norm_eps and rope_theta must be positive", source);
+  // Infinity passes "> 0" but turns every norm into zeros (a uniform output).
+  if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps) || !(rope_theta > 0.0f) || !std::isfinite(rope_theta))
+    fail("{}: norm_eps ({}) and rope_theta ({}) must be positive and finite", source, norm_eps, rope_theta);
 }
 
 }  // namespace kvserve
