@@ -1,6 +1,9 @@
 #include "tools/cli_common.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "kv/kv_calibration.h"
 #include "kv/kv_spec.h"
@@ -9,6 +12,19 @@
 #include "util/error.h"
 
 namespace kvserve::cli {
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) fail("{} '{}': no such file", flag, path);
+  if (!std::filesystem::is_regular_file(status)) fail("{} '{}' is not a regular file", flag, path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{} '{}': cannot open it", flag, path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail("{} '{}': read error", flag, path);
+  return text.str();
+}
 
 void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   auto* m = cmd.add_option("--model", o.model_path, "checkpoint: GGUF or llama2.c .bin");

@@ -46,6 +46,10 @@ struct CommonOptions {
 // --block-size, --kv-blocks, --kv-memory, --threads, --json.
 void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required = true);
 
+// The bytes of a text file (--file, --data): a clear error for a missing,
+// unreadable or non-regular file (a directory read as empty text before).
+std::string read_text_file(const std::string& path, const char* flag);
+
 // Parses "4096", "512KiB", "64MiB", "2GiB" (also KB/MB/GB as powers of 1000).
 int64_t parse_bytes(const std::string& text);
 

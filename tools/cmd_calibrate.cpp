@@ -23,11 +23,7 @@ struct CalibrateArgs {
 void run(CalibrateArgs a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   const Tokenizer& tok = model->require_tokenizer();
-  std::ifstream in(a.data, std::ios::binary);
-  if (!in) fail("cannot open '{}'", a.data);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const std::vector<int32_t> tokens = tok.encode(text.str(), true);
+  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.data, "--data"), true);
 
   if (!a.common.kv_scales.empty() && a.common.kv_scales != "static" && a.common.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic");

@@ -23,11 +23,7 @@ struct PerplexityArgs {
 void run(const PerplexityArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   const Tokenizer& tok = model->require_tokenizer();
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail("cannot open '{}'", a.file);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const std::vector<int32_t> tokens = tok.encode(text.str(), true);
+  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.file, "--file"), true);
 
   ThreadPool pool(thread_count(a.common));
   PerplexityOptions options = a.ppl;

@@ -16,14 +16,6 @@ struct TokenizeArgs {
   bool no_bos = false;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void run(const TokenizeArgs& a) {
   // A GGUF holding only a vocabulary is a valid --model here, so without
   // --tokenizer the vocabulary is read from the GGUF metadata alone.
@@ -35,7 +27,7 @@ void run(const TokenizeArgs& a) {
   } else {
     tok.emplace(Model::load(a.common.model_path, a.common.tokenizer_path)->require_tokenizer().vocab());
   }
-  const std::vector<int32_t> ids = tok->encode(read_file(a.file), !a.no_bos);
+  const std::vector<int32_t> ids = tok->encode(read_text_file(a.file, "--file"), !a.no_bos);
   if (a.common.json) {
     std::printf("%s\n", nlohmann::json{{"tokens", ids}, {"count", ids.size()}}.dump().c_str());
     return;

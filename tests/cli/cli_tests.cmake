@@ -32,6 +32,8 @@ kvserve_output_test(cli.generate_aidreams_gguf_128 ${REF}/aidreams260K_greedy_on
 
 kvserve_error_test(cli.error_missing_model "cannot open"
   generate --model ${MODELS}/does_not_exist.gguf --prompt x --max-tokens 8)
+kvserve_error_test(cli.error_text_file_is_a_directory "--file '${MODELS}' is not a regular file"
+  perplexity --model ${MODELS}/stories260K.gguf --file ${MODELS} --ctx 64)
 kvserve_error_test(cli.error_not_a_checkpoint "llama2.c header"
   generate --model ${MODELS}/README.md --tokenizer ${MODELS}/tok512.bin --prompt x --max-tokens 8)
 kvserve_error_test(cli.error_bin_without_tokenizer "--tokenizer"
