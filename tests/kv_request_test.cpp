@@ -29,7 +29,17 @@ TEST_F(KvRequestTest, TheServersOwnTypesPassOthersAreRefused) {
   EXPECT_EQ(limits.k, KvDType::INT4);
   EXPECT_EQ(limits.v, KvDType::INT4);
   EXPECT_EQ(limits.description, kv_codec_description(cache));
-  EXPECT_EQ(limits.policies, sparsity_policy_names());
+  // Keys stored after RoPE: every policy but sinks, which says what it needs.
+  std::vector<std::string> offered = sparsity_policy_names();
+  std::erase(offered, "sinks");
+  EXPECT_EQ(limits.policies, offered);
+  auto sinks = check_kv_request({"", "", "sinks", 64}, limits);
+  ASSERT_TRUE(sinks);
+  EXPECT_EQ(sinks->param, "kv.policy");
+  EXPECT_EQ(sinks->code, "unsupported_kv_config");
+  EXPECT_NE(sinks->message.find("start it with --kv-k-pre-rope"), std::string::npos) << sinks->message;
+  o.k.pre_rope = true;
+  EXPECT_EQ(kv_request_limits(KvCache(model->config(), o)).policies, sparsity_policy_names());
 
   EXPECT_FALSE(check_kv_request({}, limits));
   EXPECT_FALSE(check_kv_request({"int4", "int4", "", 0}, limits));

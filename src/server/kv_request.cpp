@@ -53,7 +53,16 @@ KvRequestLimits kv_request_limits(const KvCache& cache) {
   for (int i = 1; i < cache.n_layers(); ++i)
     l.uniform = l.uniform && cache.k_codec(i).config().dtype == l.k && cache.v_codec(i).config().dtype == l.v;
   l.description = kv_codec_description(cache);
-  l.policies = sparsity_policy_names();
+  bool pre_rope = true;
+  for (int i = 0; i < cache.n_layers(); ++i) pre_rope = pre_rope && cache.k_pre_rope(i);
+  for (const std::string& p : sparsity_policy_names()) {
+    if (p == "sinks" && !pre_rope) {
+      l.unavailable.emplace_back(p, "positions within the cache, which need keys stored before RoPE; this server "
+                                    "stores them after (start it with --kv-k-pre-rope to offer sinks)");
+      continue;
+    }
+    l.policies.push_back(p);
+  }
   return l;
 }
 
@@ -72,6 +81,10 @@ std::optional<ApiError> check_kv_request(const KvRequest& kv, const KvRequestLim
       known = known || p == kv.policy;
       names += (names.empty() ? "" : ", ") + p;
     }
+    for (const auto& [name, why] : limits.unavailable)
+      if (!known && name == kv.policy)
+        return invalid_request(fmt::format("KV policy '{}' needs {} (this server offers: {})", name, why, names),
+                               "kv.policy", "unsupported_kv_config");
     if (!known)
       return invalid_request(fmt::format("unknown KV policy '{}' (this server offers: {})", kv.policy, names),
                              "kv.policy", "unsupported_kv_config");

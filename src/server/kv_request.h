@@ -26,6 +26,9 @@ struct KvRequestLimits {
   KvDType v = KvDType::F32;
   std::string description;         // the cache's codecs, e.g. "K int4/channel/g16 V int4/token/g64"
   std::vector<std::string> policies;  // sparsity policies offered
+  // Policies this server's cache cannot serve, with why (sinks needs keys
+  // stored before RoPE in every layer).
+  std::vector<std::pair<std::string, std::string>> unavailable;
 };
 
 [[nodiscard]] KvRequestLimits kv_request_limits(const KvCache& cache);
