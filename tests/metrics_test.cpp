@@ -41,7 +41,8 @@ TEST(Metrics, EngineAndServerNumbersUnderTheirNames) {
   e.cached_prompt_tokens = 50;
   e.generated_tokens = 77;
   e.kv.blocks_used = 12;
-  e.kv.blocks_free = 52;
+  e.kv.blocks_free = 49;
+  e.kv.blocks_for_staging = 3;
   e.kv.blocks_total = 64;
   e.kv.bytes_used = 12288;
   e.ttft.observe(0.02);
@@ -68,7 +69,8 @@ TEST(Metrics, EngineAndServerNumbersUnderTheirNames) {
            "kvserve_prefix_cache_hit_rate 0.25\n",
            "kvserve_generation_tokens_total 77\n",
            "kvserve_kv_blocks{codec=\"int4\",state=\"used\"} 12\n",
-           "kvserve_kv_blocks{codec=\"int4\",state=\"free\"} 52\n",
+           "kvserve_kv_blocks{codec=\"int4\",state=\"free\"} 49\n",
+           "kvserve_kv_blocks{codec=\"int4\",state=\"staging\"} 3\n",
            "kvserve_kv_blocks_total{codec=\"int4\"} 64\n",
            "kvserve_kv_bytes_used{codec=\"int4\"} 12288\n",
            "kvserve_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n",

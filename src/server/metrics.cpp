@@ -150,6 +150,9 @@ std::string render_metrics(const EngineStats& e, const ServerMetrics& s) {
   w.family("kvserve_kv_blocks", "gauge", "KV cache blocks by state.");
   w.sample("kvserve_kv_blocks", e.kv.blocks_used, {{"codec", s.kv_codec}, {"state", "used"}});
   w.sample("kvserve_kv_blocks", e.kv.blocks_free, {{"codec", s.kv_codec}, {"state", "free"}});
+  // Pool blocks paying for FP16 staging slots in use (byte budgets): with
+  // used, free and the prefix cache's idle blocks they add up to the total.
+  w.sample("kvserve_kv_blocks", e.kv.blocks_for_staging, {{"codec", s.kv_codec}, {"state", "staging"}});
   w.family("kvserve_kv_blocks_total", "gauge", "KV cache capacity in blocks.");
   w.sample("kvserve_kv_blocks_total", e.kv.blocks_total, codec);
   w.family("kvserve_kv_block_size_tokens", "gauge", "Tokens per KV block.");
