@@ -412,6 +412,63 @@ TEST_F(HttpServerTest, TokenIdPromptAndStopStrings) {
   EXPECT_NE(r.body["choices"][0]["text"], greedy_text.substr(0, r.body["choices"][0]["text"].get<std::string>().size()));
 }
 
+// Log-probabilities: one entry per generated token whose texts make up the
+// text, the greedy token the most likely, streamed entries equal to whole
+// ones; chat's entries carry bytes and top_logprobs alternatives.
+TEST_F(HttpServerTest, LogprobsDescribeEveryGeneratedToken) {
+  start();
+  json body = completion("Once upon a time", 12);
+  body["logprobs"] = 3;
+  const Reply whole = post("/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const json& choice = whole.body["choices"][0];
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 12u) << lp;
+  std::string joined;
+  for (size_t k = 0; k < 12; ++k) {
+    EXPECT_EQ(lp["text_offset"][k], joined.size());
+    joined += lp["tokens"][k].get<std::string>();
+    const float sampled = lp["token_logprobs"][k];
+    EXPECT_LE(sampled, 0.0f);
+    const json& top = lp["top_logprobs"][k];
+    EXPECT_GE(top.size(), 3u);
+    EXPECT_LE(top.size(), 4u);
+    for (const auto& [text, value] : top.items()) EXPECT_LE(value.get<float>(), sampled) << "greedy is the most likely";
+    EXPECT_EQ(top[lp["tokens"][k].get<std::string>()], sampled);
+  }
+  EXPECT_EQ(joined, choice["text"]);
+  // Streamed: the same entries, spread over the chunks.
+  body["stream"] = true;
+  const Reply streamed = post("/v1/completions", body);
+  json tokens = json::array(), values = json::array();
+  for (const json& c : streamed.chunks) {
+    const json& l = c["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const json& t : l["tokens"]) tokens.push_back(t);
+    for (const json& v : l["token_logprobs"]) values.push_back(v);
+  }
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(values, lp["token_logprobs"]);
+
+  json chat = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}},
+               {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  const Reply c = post("/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.raw;
+  const json& content = c.body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 5u);
+  std::string text;
+  for (const json& e : content) {
+    text += e["token"].get<std::string>();
+    EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the most likely
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+  }
+  EXPECT_EQ(text, c.body["choices"][0]["message"]["content"]);
+  // Not asked for: null.
+  EXPECT_TRUE(post("/v1/completions", completion("Once", 2)).body["choices"][0]["logprobs"].is_null());
+}
+
 TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   start();
   ASSERT_NE(server_->chat_template(), nullptr);
@@ -498,7 +555,8 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("prompt": "x", "stop": 5})", "stop", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},
-      {p, "{" + m + R"("prompt": "x", "logprobs": 2})", "logprobs", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "echo": true})", "echo", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "logprobs": 25})", "logprobs", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stop_token_ids": [99999]})", "stop_token_ids", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "logit_bias": {"99999": 5}})", "logit_bias", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "max_tokens": 4, "min_tokens": 10})", "min_tokens", "invalid_value"},

@@ -69,6 +69,14 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
   EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 3.5f}, {7, -100.0f}}));
 
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "logprobs": 3})").logprobs, 3);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "logprobs": false})").logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})",
+                     Endpoint::ChatCompletions).logprobs, 0);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
+                         "top_logprobs": 5})", Endpoint::ChatCompletions).logprobs, 5);
+
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompt_text, "one");
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "top_k": -1})").sampling.top_k, 0);
@@ -164,8 +172,13 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
        "unsupported_parameter", chat},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools",
        "unsupported_parameter", chat},
-      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs",
-       "unsupported_parameter", chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
+       "invalid_value", chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
+       "top_logprobs", "invalid_value", chat},
+      {R"({"model": "m", "prompt": "x", "logprobs": 21})", "logprobs", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "logprobs": true})", "logprobs", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "top_logprobs": 2})", "top_logprobs", "unsupported_parameter"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
        "response_format", "unsupported_parameter", chat},
   };
@@ -200,6 +213,21 @@ TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {
             json::object());
   EXPECT_TRUE(completion_chunk(Endpoint::Completions, meta, "x", {}, false, true)["usage"].is_null());
   EXPECT_FALSE(completion_chunk(Endpoint::Completions, meta, "x", {}, false, false).contains("usage"));
+
+  // Log-probabilities: completions' parallel lists (offsets from the one
+  // given; the sampled token joins its alternatives, a duplicate text keeps
+  // the first), chat's content entries with bytes.
+  const std::vector<LogprobEntry> entries = {{" a", -0.5f, {{" a", -0.5f}, {" b", -1.5f}, {" a", -3.0f}}},
+                                             {"!", -2.0f, {{"?", -0.25f}}}};
+  EXPECT_EQ(logprobs_json(Endpoint::Completions, entries, 3),
+            json::parse(R"({"tokens": [" a", "!"], "token_logprobs": [-0.5, -2.0],
+                            "top_logprobs": [{" a": -0.5, " b": -1.5}, {"?": -0.25, "!": -2.0}],
+                            "text_offset": [3, 5]})"));
+  EXPECT_EQ(logprobs_json(Endpoint::ChatCompletions, {entries[1]}, 0),
+            json::parse(R"({"content": [{"token": "!", "logprob": -2.0, "bytes": [33],
+                            "top_logprobs": [{"token": "?", "logprob": -0.25, "bytes": [63]}]}]})"));
+  EXPECT_EQ(completion_response(Endpoint::Completions, meta, "abc", "length", usage, json{{"x", 1}})["choices"][0]
+                ["logprobs"], json({{"x", 1}}));
   const json u = usage_chunk(Endpoint::Completions, meta, usage);
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["total_tokens"], 8);

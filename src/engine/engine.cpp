@@ -307,6 +307,8 @@ SubmitResult Engine::submit(Request r) {
   for (const auto& [t, bias] : r.sampling.logit_bias)
     if (t >= c.vocab_size)
       return invalid(fmt::format("logit bias token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
+    return invalid(fmt::format("logprobs must be between 0 and {} (got {})", kMaxTopLogprobs, r.logprobs));
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
     return invalid(fmt::format("min_tokens ({}) must be between 0 and max_tokens ({})", r.min_tokens, r.max_tokens));
 
@@ -352,11 +354,13 @@ void Engine::absorb_inbox() {
   }
 }
 
-void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error) {
+void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error,
+                    std::optional<TokenLogprobs> logprobs) {
   scheduler_.finish(seq);
   RequestEvent ev;
   ev.id = seq->id();
   ev.token = token;
+  ev.logprobs = std::move(logprobs);
   ev.text = std::move(text);
   ev.finish = reason;
   ev.error = std::move(error);
@@ -391,6 +395,8 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   const std::span<const int32_t> all(seq->tokens());
   const SamplingContext context{all.first(size_t(seq->num_prompt())), all.subspan(size_t(seq->num_prompt())), banned};
   const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size, context);
+  std::optional<TokenLogprobs> logprobs;
+  if (r.logprobs >= 0) logprobs = token_logprobs(logits, model_.config().vocab_size, next, r.logprobs);
   const double t = now();
   if (seq->first_token_seconds == 0) {
     seq->first_token_seconds = t;
@@ -411,18 +417,19 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   const Sequence::Appended a = seq->append(next, tokenizer_ ? tokenizer_->decode_piece(prev, next) : std::string());
   ++local_.generated_tokens;
   if (a.stopped) {
-    finish(seq, FinishReason::Stop, next, a.text);
+    finish(seq, FinishReason::Stop, next, a.text, {}, std::move(logprobs));
     return;
   }
   // Submit guaranteed prompt + max_tokens <= the context length.
   if (seq->num_generated() >= seq->request().max_tokens) {
-    finish(seq, FinishReason::Length, next, a.text + seq->take_held_text());
+    finish(seq, FinishReason::Length, next, a.text + seq->take_held_text(), {}, std::move(logprobs));
     return;
   }
   RequestEvent ev;
   ev.id = seq->id();
   ev.token = next;
   ev.text = a.text;
+  ev.logprobs = std::move(logprobs);
   ev.usage = {seq->num_prompt(), seq->num_generated(), seq->cached_tokens};
   ev.ttft_seconds = seq->first_token_seconds - seq->arrival_seconds();
   if (seq->request().on_event) seq->request().on_event(ev);

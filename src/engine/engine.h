@@ -189,7 +189,8 @@ class Engine {
 
   bool run_step();                        // the body of step(), on the engine thread
   void absorb_inbox();
-  void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {});
+  void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {},
+              std::optional<TokenLogprobs> logprobs = std::nullopt);
   void on_logits(Sequence* seq, const float* logits);
   // Whether sampling `token` ends r's generation (an end or stop token).
   bool ends_generation(const Request& r, int32_t token) const;

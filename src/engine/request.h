@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "attention/sparsity_policy.h"
 #include "engine/sampler.h"
+#include "engine/token_logprobs.h"
 
 namespace kvserve {
 
@@ -41,6 +43,8 @@ struct RequestEvent {
   std::string error;              // with FinishReason::Error
   RequestUsage usage;             // up to date at every event
   double ttft_seconds = 0;        // arrival to first token (0 until known)
+  // With Request::logprobs >= 0, for `token` (events without a token have none).
+  std::optional<TokenLogprobs> logprobs;
 };
 
 // Receives a request's events in order. Runs on the engine thread: keep it
@@ -58,6 +62,9 @@ struct Request {
   // Before this many tokens are generated, the end tokens above cannot be
   // sampled and stop strings are not looked for (vLLM's min_tokens).
   int32_t min_tokens = 0;
+  // >= 0: each generated token's log-probability and this many most likely
+  // alternatives (0..kMaxTopLogprobs) ride on its event; -1: none.
+  int32_t logprobs = -1;
   std::string tenant;             // authenticated tenant (set by the server, not the client);
                                   // empty = the default tenant
   std::string session;            // non-empty: prefix caching in this session's own scope

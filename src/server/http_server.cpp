@@ -89,6 +89,13 @@ struct HttpServer::Completion {
   bool finished = false;        // the final event was handled
   bool started = false;         // streaming: the response has begun
   SteadyTime::time_point last_write = SteadyTime::now();
+  // Log-probabilities (asked for with "logprobs"): entries not yet sent,
+  // the token before the next one (its text depends on it after BOS), and
+  // completions' text offset of the next entry.
+  bool logprobs = false;
+  std::vector<LogprobEntry> pending;
+  int32_t prev_token = -1;
+  size_t text_offset = 0;
 };
 
 HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiKeys keys, HttpServerOptions options)
@@ -416,6 +423,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   r->max_tokens = int32_t(max_tokens);
   r->min_tokens = cr.min_tokens;
   r->stop_token_ids = cr.stop_token_ids;
+  r->logprobs = cr.logprobs;
   r->sampling = cr.sampling;
   if (!cr.seed_given) {
     std::lock_guard<std::mutex> lock(seed_mutex_);
@@ -555,6 +563,8 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   auto c = std::make_shared<Completion>();
   c->endpoint = endpoint;
   c->include_usage = cr.include_usage;
+  c->logprobs = cr.logprobs >= 0;
+  c->prev_token = r.prompt.back();
   c->meta.created = unix_seconds();
   c->meta.model = model_name_;
   const uint64_t ticket = begin_request();
@@ -595,6 +605,25 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   }
 }
 
+void HttpServer::add_logprobs(Completion& c, const RequestEvent& e) const {
+  if (!e.logprobs) return;
+  auto text = [&](int32_t token) {
+    return tokenizer_ ? tokenizer_->decode_piece(c.prev_token, token) : fmt::format("token_id:{}", token);
+  };
+  LogprobEntry entry{text(e.logprobs->token), e.logprobs->logprob, {}};
+  for (const auto& [token, lp] : e.logprobs->top) entry.top.emplace_back(text(token), lp);
+  c.prev_token = e.logprobs->token;
+  c.pending.push_back(std::move(entry));
+}
+
+json HttpServer::take_logprobs(Completion& c) const {
+  if (!c.logprobs) return nullptr;
+  json j = logprobs_json(c.endpoint, c.pending, c.text_offset);
+  for (const LogprobEntry& e : c.pending) c.text_offset += e.token.size();
+  c.pending.clear();
+  return j;
+}
+
 void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completion> c) {
   std::string text;
   RequestEvent last;
@@ -611,6 +640,7 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
     if (!c->events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) continue;
     for (RequestEvent& e : events) {
       text += c->utf8.push(e.text);
+      add_logprobs(*c, e);
       if (e.finish != FinishReason::None) {
         last = std::move(e);
         c->finished = true;
@@ -622,24 +652,32 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
     send_error(res, finish_error(last));
     return;
   }
-  send_json(res, 200, completion_response(c->endpoint, c->meta, text, client_finish_reason(last.finish), last.usage));
+  send_json(res, 200, completion_response(c->endpoint, c->meta, text, client_finish_reason(last.finish), last.usage,
+                                          take_logprobs(*c)));
 }
 
 bool HttpServer::stream_step(Completion& c, std::string* out) {
   std::vector<RequestEvent> events;
   if (!c.events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) return false;
   const bool usage_null = c.include_usage;
+  // A token's log-probabilities ride on the next chunk with text (text held
+  // back for a stop string or an incomplete character comes later), the
+  // rest on the finish chunk.
   for (const RequestEvent& e : events) {
     std::string text = c.utf8.push(e.text);
+    add_logprobs(c, e);
     if (e.finish == FinishReason::None) {
-      if (!text.empty()) *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null));
+      if (!text.empty())
+        *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c)));
       continue;
     }
     text += c.utf8.finish();
     c.finished = true;
-    if (!text.empty()) *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null));
+    if (!text.empty())
+      *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c)));
     if (e.finish == FinishReason::Stop || e.finish == FinishReason::Length) {
-      *out += sse_event(completion_chunk(c.endpoint, c.meta, "", client_finish_reason(e.finish), false, usage_null));
+      const json rest = c.pending.empty() ? json(nullptr) : take_logprobs(c);
+      *out += sse_event(completion_chunk(c.endpoint, c.meta, "", client_finish_reason(e.finish), false, usage_null, rest));
       if (c.include_usage) *out += sse_event(usage_chunk(c.endpoint, c.meta, e.usage));
     } else {
       *out += sse_event(error_json(finish_error(e)));

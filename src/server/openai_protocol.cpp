@@ -217,6 +217,27 @@ void parse_logit_bias(const json& body, SamplerOptions& sampling) {
   }
 }
 
+// Completions: "logprobs": N (0..20; false or null: none). Chat:
+// "logprobs": true, with "top_logprobs": N (0..20) alternatives.
+void parse_logprobs(const json& body, CompletionRequest& r) {
+  const int64_t most = kMaxTopLogprobs;
+  const json* l = field(body, "logprobs");
+  if (r.endpoint == Endpoint::Completions) {
+    if (field(body, "top_logprobs")) unsupported("top_logprobs", "top_logprobs on completions (use 'logprobs': N)");
+    if (!l || (l->is_boolean() && !l->get<bool>())) return;
+    if (l->is_boolean()) wrong_type("logprobs", fmt::format("an integer from 0 to {} for completions", most), *l);
+    const int64_t n = as_integer(*l, "logprobs");
+    if (n < 0 || n > most) reject(fmt::format("'logprobs' must be between 0 and {} (got {})", most, n), "logprobs");
+    r.logprobs = int32_t(n);
+    return;
+  }
+  const bool on = read_bool(body, "logprobs", false);
+  const json* t = field(body, "top_logprobs");
+  if (t && !on) reject("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  if (!on) return;
+  r.logprobs = read_int(body, "top_logprobs", 0, most, 0);
+}
+
 // OpenAI's presence and frequency penalties, vLLM's repetition_penalty,
 // min_p and min_tokens.
 void parse_penalties(const json& body, CompletionRequest& r) {
@@ -261,13 +282,7 @@ void refuse_unsupported(const json& body) {
   if (read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), 1) != 1) unsupported("n", "n other than 1");
   if (read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), 1) != 1)
     unsupported("best_of", "best_of other than 1");
-  if (read_bool(body, "echo", false)) unsupported("echo", "echo");
-  if (const json* l = field(body, "logprobs")) {
-    if (!l->is_boolean() && !l->is_number()) wrong_type("logprobs", "a boolean or an integer", *l);
-    if (!l->is_boolean() || l->get<bool>()) unsupported("logprobs", "logprobs");
-  }
-  if (const json* t = field(body, "top_logprobs"); t && !(t->is_number() && t->get<double>() == 0))
-    unsupported("top_logprobs", "top_logprobs");
+  if (read_bool(body, "echo", false)) unsupported("echo", "echo (prompt log-probabilities)");
   if (!read_string(body, "suffix", "suffix").empty()) unsupported("suffix", "suffix");
   // vLLM's extensions beyond those kvserve implements: refused rather than
   // dropped when they ask for something.
@@ -340,6 +355,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   parse_stop(body, r);
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
+  parse_logprobs(body, r);
 
   r.stream = read_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
@@ -397,9 +413,42 @@ json usage_json(const RequestUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, size_t text_offset) {
+  if (endpoint == Endpoint::ChatCompletions) {
+    auto bytes = [](const std::string& s) {
+      json b = json::array();
+      for (unsigned char c : s) b.push_back(int(c));
+      return b;
+    };
+    json content = json::array();
+    for (const LogprobEntry& e : entries) {
+      json top = json::array();
+      for (const auto& [token, lp] : e.top) top.push_back({{"token", token}, {"logprob", lp}, {"bytes", bytes(token)}});
+      content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes(e.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(e.logprob);
+    // Alternatives and the sampled token, as {text: logprob}; tokens with
+    // the same text keep the more likely (OpenAI returns up to N + 1).
+    json top = json::object();
+    for (const auto& [token, lp] : e.top)
+      if (!top.contains(token)) top[token] = lp;
+    if (!top.contains(e.token)) top[e.token] = e.logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += e.token.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+}
+
 json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                         std::string_view finish_reason, const RequestUsage& usage) {
+                         std::string_view finish_reason, const RequestUsage& usage, const json& logprobs) {
   json choice = choice_base(finish_reason);
+  choice["logprobs"] = logprobs;
   const bool chat = endpoint == Endpoint::ChatCompletions;
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -415,8 +464,9 @@ json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std:
 }
 
 json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                      std::string_view finish_reason, bool with_role, bool usage_null) {
+                      std::string_view finish_reason, bool with_role, bool usage_null, const json& logprobs) {
   json choice = choice_base(finish_reason);
+  choice["logprobs"] = logprobs;
   const bool chat = endpoint == Endpoint::ChatCompletions;
   if (chat) {
     json delta = json::object();

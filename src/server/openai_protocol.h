@@ -64,6 +64,10 @@ struct CompletionRequest {
   std::vector<std::string> stop;          // stop strings, each non-empty
   std::vector<int32_t> stop_token_ids;    // extension (vLLM): token ids that also end the text
   int32_t min_tokens = 0;                 // extension (vLLM): no end token or stop string before this many
+  // Log-probabilities: the alternatives wanted per generated token
+  // (completions' "logprobs": N; chat's "top_logprobs" with "logprobs":
+  // true), -1 = none.
+  int32_t logprobs = -1;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
   bool ignore_eos = false;                // extension (vLLM's name): keep generating past EOS
@@ -91,14 +95,29 @@ struct ResponseMeta {
 
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}}
 [[nodiscard]] nlohmann::json usage_json(const RequestUsage& u);
+// One generated token's log-probabilities, in text form for the client.
+struct LogprobEntry {
+  std::string token;                               // the token's text
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // the most likely alternatives, first first
+};
+// A choice's "logprobs" for `entries`. Completions: {"tokens",
+// "token_logprobs", "top_logprobs" (each a {text: logprob} object of the
+// alternatives and the sampled token), "text_offset" (from text_offset)};
+// chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+[[nodiscard]] nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries,
+                                           size_t text_offset);
 // A whole non-streamed response ("text_completion" or "chat.completion").
+// logprobs: the choice's "logprobs" (null when not asked for).
 [[nodiscard]] nlohmann::json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                                                 std::string_view finish_reason, const RequestUsage& usage);
+                                                 std::string_view finish_reason, const RequestUsage& usage,
+                                                 const nlohmann::json& logprobs = nullptr);
 // One streamed chunk. finish_reason empty = null. with_role: chat's first chunk
 // names the assistant role. usage_null: with stream_options.include_usage every
 // chunk but the last carries "usage": null, as OpenAI's do.
 [[nodiscard]] nlohmann::json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                                              std::string_view finish_reason, bool with_role, bool usage_null);
+                                              std::string_view finish_reason, bool with_role, bool usage_null,
+                                              const nlohmann::json& logprobs = nullptr);
 // The last chunk with stream_options.include_usage: no choices, the usage.
 [[nodiscard]] nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const RequestUsage& usage);
 
