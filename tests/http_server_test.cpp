@@ -469,6 +469,72 @@ TEST_F(HttpServerTest, LogprobsDescribeEveryGeneratedToken) {
   EXPECT_TRUE(post("/v1/completions", completion("Once", 2)).body["choices"][0]["logprobs"].is_null());
 }
 
+// echo with logprobs scores the prompt (lm-eval's loglikelihood requests):
+// each prompt token after the first gets the log-softmax its prefix's logits
+// give it, as a direct forward pass computes them, also when the same
+// prompt was just cached; max_tokens 0 generates nothing.
+TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
+  start();
+  const std::string prompt = "Lily and Ben went to the park. They saw a big dog and a small cat.";
+  const std::vector<int32_t> tokens = encode(prompt);
+  // The reference: every position's logits in one pass.
+  std::vector<double> want;
+  {
+    ThreadPool pool(1);
+    KvCache cache(model_->config(), KvCacheOptions{});
+    Transformer tf(*model_, pool);
+    BlockTable table;
+    ASSERT_TRUE(cache.reserve(table, int32_t(tokens.size())));
+    std::vector<BatchEntry> batch(1);
+    batch[0].table = &table;
+    batch[0].tokens = tokens;
+    batch[0].all_logits = true;
+    Logits logits;
+    tf.forward(batch, cache, logits);
+    for (size_t p = 0; p + 1 < tokens.size(); ++p) {
+      const float* row = logits.row(int32_t(p));
+      double z = 0;
+      for (int32_t v = 0; v < logits.vocab; ++v) z += std::exp(double(row[v]));
+      want.push_back(double(row[tokens[p + 1]]) - std::log(z));
+    }
+    cache.release(table);
+  }
+  json body = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}};
+  for (int round = 0; round < 2; ++round) {  // the second finds the prompt in the prefix cache
+    const Reply r = post("/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& choice = r.body["choices"][0];
+    EXPECT_EQ(choice["text"], prompt);
+    EXPECT_EQ(choice["finish_reason"], "length");
+    EXPECT_EQ(r.body["usage"]["completion_tokens"], 0);
+    EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    const json& lp = choice["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), tokens.size());
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    std::string joined;
+    for (const json& t : lp["tokens"]) joined += t.get<std::string>();
+    EXPECT_EQ(joined, prompt);
+    for (size_t k = 1; k < tokens.size(); ++k)
+      EXPECT_NEAR(lp["token_logprobs"][k].get<double>(), want[k - 1], 1e-4) << "token " << k;
+  }
+  // With generated tokens after the prompt, streamed: the same prompt
+  // entries, then one per generated token.
+  body["max_tokens"] = 3;
+  body["temperature"] = 0;
+  body["stream"] = true;
+  const Reply s = post("/v1/completions", body);
+  json values = json::array();
+  for (const json& c : s.chunks)
+    if (!c["choices"][0]["logprobs"].is_null())
+      for (const json& v : c["choices"][0]["logprobs"]["token_logprobs"]) values.push_back(v);
+  ASSERT_EQ(values.size(), tokens.size() + 3);
+  for (size_t k = 1; k < tokens.size(); ++k) EXPECT_NEAR(values[k].get<double>(), want[k - 1], 1e-4);
+  EXPECT_EQ(stream_text(s).rfind(prompt, 0), 0u);
+  // max_tokens 0 needs echo.
+  EXPECT_EQ(post("/v1/completions", completion("x", 0)).status, 400);
+}
+
 TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   start();
   ASSERT_NE(server_->chat_template(), nullptr);
@@ -555,7 +621,6 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("prompt": "x", "stop": 5})", "stop", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},
-      {p, "{" + m + R"("prompt": "x", "echo": true})", "echo", "unsupported_parameter"},
       {p, "{" + m + R"("prompt": "x", "logprobs": 25})", "logprobs", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stop_token_ids": [99999]})", "stop_token_ids", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "logit_bias": {"99999": 5}})", "logit_bias", "invalid_value"},

@@ -77,6 +77,12 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
                          "top_logprobs": 5})", Endpoint::ChatCompletions).logprobs, 5);
 
+  r = parse_ok(R"({"model": "m", "prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 1})");
+  EXPECT_TRUE(r.echo);
+  EXPECT_TRUE(r.prompt_only);
+  EXPECT_FALSE(parse_ok(R"({"model": "m", "prompt": "x", "echo": true})").prompt_only);
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "max_tokens": 0})").param, "max_tokens");
+
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompt_text, "one");
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "top_k": -1})").sampling.top_k, 0);
@@ -136,7 +142,8 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": "m", "prompt": "x", "user": 5})", "user", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "n": 3})", "n", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "best_of": 2})", "best_of", "unsupported_parameter"},
-      {R"({"model": "m", "prompt": "x", "echo": true})", "echo", "unsupported_parameter"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true})", "echo",
+       "unsupported_parameter", chat},
       {R"({"model": "m", "prompt": "x", "suffix": "end"})", "suffix", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "logit_bias": {"5": 101}})", "logit_bias", "invalid_value"},
       {R"({"model": "m", "prompt": "x", "logit_bias": {"five": 1}})", "logit_bias", "invalid_value"},

@@ -89,7 +89,7 @@ PrefixHooks Engine::prefix_hooks() {
   for (int l = 0; l < cache_.n_layers(); ++l)
     exact_keys = exact_keys && cache_.k_codec(l).config().dtype == KvDType::F32 && cache_.k_rope_span(l) == 1;
   auto takes_hits = [exact_keys](const Sequence& seq) {
-    if (seq.evicting()) return false;
+    if (seq.evicting() || seq.request().prompt_logprobs) return false;  // the latter needs every position's logits
     return exact_keys || !seq.policy || !seq.policy->selects_reads();
   };
   h.cached_tokens = [this, shareable, takes_hits](Sequence& seq) {
@@ -270,7 +270,9 @@ SubmitResult Engine::submit(Request r) {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= c.vocab_size)
       return invalid(fmt::format("token id {} is out of range (vocabulary of {})", t, c.vocab_size));
-  if (r.max_tokens < 1) return invalid(fmt::format("max_tokens must be at least 1 (got {})", r.max_tokens));
+  if (r.max_tokens < (r.prompt_logprobs ? 0 : 1))
+    return invalid(fmt::format("max_tokens must be at least {} (got {})", r.prompt_logprobs ? 0 : 1, r.max_tokens));
+  if (r.prompt_logprobs && r.logprobs < 0) return invalid("prompt log-probabilities need logprobs >= 0");
   const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
   if (int64_t(r.prompt.size()) >= c.seq_len)
     return invalid(fmt::format("the prompt has {} tokens; the model's context length is {}", r.prompt.size(), c.seq_len));
@@ -361,6 +363,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::stri
   ev.id = seq->id();
   ev.token = token;
   ev.logprobs = std::move(logprobs);
+  take_prompt_logprobs(*seq, ev);
   ev.text = std::move(text);
   ev.finish = reason;
   ev.error = std::move(error);
@@ -385,6 +388,10 @@ bool Engine::ends_generation(const Request& r, int32_t token) const {
 
 void Engine::on_logits(Sequence* seq, const float* logits) {
   const Request& r = seq->request();
+  if (r.max_tokens == 0) {  // the prompt's log-probabilities only
+    finish(seq, FinishReason::Length, -1, {});
+    return;
+  }
   // Before min_tokens the end tokens cannot be sampled.
   thread_local std::vector<int32_t> banned;
   banned.clear();
@@ -432,7 +439,27 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   ev.logprobs = std::move(logprobs);
   ev.usage = {seq->num_prompt(), seq->num_generated(), seq->cached_tokens};
   ev.ttft_seconds = seq->first_token_seconds - seq->arrival_seconds();
+  take_prompt_logprobs(*seq, ev);
   if (seq->request().on_event) seq->request().on_event(ev);
+}
+
+void Engine::take_prompt_logprobs(Sequence& seq, RequestEvent& ev) {
+  if (!seq.request().prompt_logprobs || seq.prompt_logprobs_sent) return;
+  ev.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs_sent = true;
+}
+
+void Engine::record_prompt_logprobs(Sequence& seq, const BatchEntry& entry, size_t e, int32_t first) {
+  // Row r predicts the token after slot first + r; each prompt token once
+  // (a preempted sequence computes its prompt again).
+  if (seq.prompt_logprobs_sent) return;
+  const int32_t vocab = model_.config().vocab_size;
+  for (int32_t r = 0; r < int32_t(entry.tokens.size()); ++r) {
+    const int32_t next = first + r + 1;
+    if (next >= seq.num_prompt() || next != int32_t(seq.prompt_logprobs.size()) + 1) continue;
+    seq.prompt_logprobs.push_back(
+        token_logprobs(logits_.row(logits_.first_row[e] + r), vocab, seq.tokens()[size_t(next)], seq.request().logprobs));
+  }
 }
 
 bool Engine::step() {
@@ -465,6 +492,7 @@ bool Engine::run_step() {
     batch[i].table = &seq->table;
     batch[i].policy = seq->policy.get();
     batch[i].decode = seq->decoding();
+    batch[i].all_logits = seq->request().prompt_logprobs && seq->num_computed < seq->num_prompt();
     batch[i].tokens = std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
   }
   try {
@@ -489,6 +517,7 @@ bool Engine::run_step() {
   local_.kv_bytes_peak = std::max(local_.kv_bytes_peak, cache_.stats().bytes_used);
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Sequence* seq = plan.chunks[i].seq;
+    if (batch[i].all_logits) record_prompt_logprobs(*seq, batch[i], i, seq->num_computed);
     seq->num_computed += plan.chunks[i].n_tokens;
     publish_prefix(*seq);
     if (seq->num_pending() == 0) on_logits(seq, logits_.last(i, batch));

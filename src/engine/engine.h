@@ -192,6 +192,11 @@ class Engine {
   void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {},
               std::optional<TokenLogprobs> logprobs = std::nullopt);
   void on_logits(Sequence* seq, const float* logits);
+  // Request::prompt_logprobs: the log-probabilities of the prompt tokens a
+  // pass with all_logits predicted (entry e of the batch, its first slot
+  // `first`), and moving them onto the request's first event.
+  void record_prompt_logprobs(Sequence& seq, const BatchEntry& entry, size_t e, int32_t first);
+  void take_prompt_logprobs(Sequence& seq, RequestEvent& ev);
   // Whether sampling `token` ends r's generation (an end or stop token).
   bool ends_generation(const Request& r, int32_t token) const;
   void publish_stats();

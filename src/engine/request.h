@@ -45,6 +45,9 @@ struct RequestEvent {
   double ttft_seconds = 0;        // arrival to first token (0 until known)
   // With Request::logprobs >= 0, for `token` (events without a token have none).
   std::optional<TokenLogprobs> logprobs;
+  // With Request::prompt_logprobs, on the request's first event: the
+  // prompt's tokens after the first, in order.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 // Receives a request's events in order. Runs on the engine thread: keep it
@@ -65,6 +68,11 @@ struct Request {
   // >= 0: each generated token's log-probability and this many most likely
   // alternatives (0..kMaxTopLogprobs) ride on its event; -1: none.
   int32_t logprobs = -1;
+  // Also the log-probabilities of the prompt's tokens after the first, with
+  // `logprobs` alternatives (OpenAI's echo; needs logprobs >= 0). Every
+  // position's logits are needed, so the prompt is computed, never taken
+  // from the prefix cache. max_tokens may then be 0: score the prompt only.
+  bool prompt_logprobs = false;
   std::string tenant;             // authenticated tenant (set by the server, not the client);
                                   // empty = the default tenant
   std::string session;            // non-empty: prefix caching in this session's own scope

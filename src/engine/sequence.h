@@ -97,6 +97,8 @@ class Sequence {
   double first_token_seconds = 0;  // engine clock at the first generated token (0 = none yet)
   double last_token_seconds = 0;
   Sampler sampler;
+  std::vector<TokenLogprobs> prompt_logprobs;  // Request::prompt_logprobs: prompt tokens 1.. so far
+  bool prompt_logprobs_sent = false;           // they went out on the first event
   std::unique_ptr<SparsityPolicy> policy;  // null for "full": the forward pass does no extra work
   bool evicting() const { return policy && policy->evicts(); }
 

@@ -96,6 +96,11 @@ struct HttpServer::Completion {
   std::vector<LogprobEntry> pending;
   int32_t prev_token = -1;
   size_t text_offset = 0;
+  // Completions' echo: the prompt's text, sent before the first event's, and
+  // its tokens (their log-probabilities come on the first event).
+  bool echo = false;
+  std::string echo_text;
+  std::vector<int32_t> prompt;
 };
 
 HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiKeys keys, HttpServerOptions options)
@@ -386,7 +391,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat.
   const int64_t room = std::min<int64_t>(context_length_, kv_capacity_tokens_) - n;
   int64_t max_tokens = cr.max_tokens;
-  if (max_tokens == 0) max_tokens = chat ? room : std::min<int64_t>(16, room);
+  if (max_tokens == 0 && !cr.prompt_only) max_tokens = chat ? room : std::min<int64_t>(16, room);
   // The request's policy decides what it holds: an evicting one at most its
   // budget, sinks past the context (the engine checks the same).
   SequenceFootprint fp;
@@ -395,7 +400,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   } catch (const Error& e) {
     return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
   }
-  if (max_tokens < 1 || (n + max_tokens > context_length_ && !fp.unbounded_positions))
+  if (max_tokens < (cr.prompt_only ? 0 : 1) || (n + max_tokens > context_length_ && !fp.unbounded_positions))
     return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
                                        "{} completion tokens = {}",
                                        context_length_, n, max_tokens, n + max_tokens),
@@ -424,6 +429,10 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   r->min_tokens = cr.min_tokens;
   r->stop_token_ids = cr.stop_token_ids;
   r->logprobs = cr.logprobs;
+  // echo with logprobs scores the prompt too; a prompt-only request needs
+  // the engine's prompt pass whether or not the client reads the numbers.
+  r->prompt_logprobs = cr.echo && (cr.logprobs >= 0 || cr.prompt_only);
+  if (r->prompt_logprobs) r->logprobs = std::max(cr.logprobs, 0);
   r->sampling = cr.sampling;
   if (!cr.seed_given) {
     std::lock_guard<std::mutex> lock(seed_mutex_);
@@ -565,6 +574,11 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   c->include_usage = cr.include_usage;
   c->logprobs = cr.logprobs >= 0;
   c->prev_token = r.prompt.back();
+  c->echo = cr.echo;
+  if (cr.echo) {
+    c->echo_text = cr.prompt_is_tokens ? (tokenizer_ ? tokenizer_->decode(r.prompt) : std::string()) : cr.prompt_text;
+    c->prompt = r.prompt;
+  }
   c->meta.created = unix_seconds();
   c->meta.model = model_name_;
   const uint64_t ticket = begin_request();
@@ -605,11 +619,31 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   }
 }
 
+std::string HttpServer::event_text(Completion& c, const RequestEvent& e) const {
+  std::string text = c.utf8.push(e.text);
+  if (!c.echo) return text;
+  c.echo = false;  // the first event: the prompt goes first
+  return c.echo_text + text;
+}
+
 void HttpServer::add_logprobs(Completion& c, const RequestEvent& e) const {
-  if (!e.logprobs) return;
+  if (!c.logprobs) return;
   auto text = [&](int32_t token) {
     return tokenizer_ ? tokenizer_->decode_piece(c.prev_token, token) : fmt::format("token_id:{}", token);
   };
+  if (!c.prompt.empty()) {  // echo: the prompt's entries, the first unscored
+    c.prev_token = -1;
+    c.pending.push_back({text(c.prompt[0]), 0, {}, false});
+    c.prev_token = c.prompt[0];
+    for (const TokenLogprobs& p : e.prompt_logprobs) {
+      LogprobEntry entry{text(p.token), p.logprob, {}};
+      for (const auto& [token, lp] : p.top) entry.top.emplace_back(text(token), lp);
+      c.prev_token = p.token;
+      c.pending.push_back(std::move(entry));
+    }
+    c.prompt.clear();
+  }
+  if (!e.logprobs) return;
   LogprobEntry entry{text(e.logprobs->token), e.logprobs->logprob, {}};
   for (const auto& [token, lp] : e.logprobs->top) entry.top.emplace_back(text(token), lp);
   c.prev_token = e.logprobs->token;
@@ -639,7 +673,7 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
     events.clear();
     if (!c->events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) continue;
     for (RequestEvent& e : events) {
-      text += c->utf8.push(e.text);
+      text += event_text(*c, e);
       add_logprobs(*c, e);
       if (e.finish != FinishReason::None) {
         last = std::move(e);
@@ -664,7 +698,7 @@ bool HttpServer::stream_step(Completion& c, std::string* out) {
   // back for a stop string or an incomplete character comes later), the
   // rest on the finish chunk.
   for (const RequestEvent& e : events) {
-    std::string text = c.utf8.push(e.text);
+    std::string text = event_text(c, e);
     add_logprobs(c, e);
     if (e.finish == FinishReason::None) {
       if (!text.empty())

@@ -282,7 +282,6 @@ void refuse_unsupported(const json& body) {
   if (read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), 1) != 1) unsupported("n", "n other than 1");
   if (read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), 1) != 1)
     unsupported("best_of", "best_of other than 1");
-  if (read_bool(body, "echo", false)) unsupported("echo", "echo (prompt log-probabilities)");
   if (!read_string(body, "suffix", "suffix").empty()) unsupported("suffix", "suffix");
   // vLLM's extensions beyond those kvserve implements: refused rather than
   // dropped when they ask for something.
@@ -329,7 +328,14 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   }
 
   const int32_t kMax = std::numeric_limits<int32_t>::max();
-  r.max_tokens = read_int(body, "max_tokens", 1, kMax, 0);
+  if (endpoint == Endpoint::Completions) {
+    r.echo = read_bool(body, "echo", false);
+  } else if (read_bool(body, "echo", false)) {
+    unsupported("echo", "echo on chat completions");
+  }
+  // 0 only with echo: score the prompt, generate nothing (0 = not given below).
+  r.max_tokens = read_int(body, "max_tokens", r.echo ? 0 : 1, kMax, 0);
+  r.prompt_only = r.echo && field(body, "max_tokens") && r.max_tokens == 0;
   if (endpoint == Endpoint::ChatCompletions) {
     const int32_t mct = read_int(body, "max_completion_tokens", 1, kMax, 0);
     if (mct != 0 && r.max_tokens != 0 && mct != r.max_tokens)
@@ -431,6 +437,13 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   for (const LogprobEntry& e : entries) {
     tokens.push_back(e.token);
+    offsets.push_back(text_offset);
+    text_offset += e.token.size();
+    if (!e.scored) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(e.logprob);
     // Alternatives and the sampled token, as {text: logprob}; tokens with
     // the same text keep the more likely (OpenAI returns up to N + 1).
@@ -439,8 +452,6 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
       if (!top.contains(token)) top[token] = lp;
     if (!top.contains(e.token)) top[e.token] = e.logprob;
     top_logprobs.push_back(std::move(top));
-    offsets.push_back(text_offset);
-    text_offset += e.token.size();
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
 }

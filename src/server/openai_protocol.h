@@ -68,6 +68,11 @@ struct CompletionRequest {
   // (completions' "logprobs": N; chat's "top_logprobs" with "logprobs":
   // true), -1 = none.
   int32_t logprobs = -1;
+  // Completions' echo: the prompt's text (and, with logprobs, its tokens'
+  // log-probabilities) before the completion. prompt_only: echo with
+  // max_tokens 0, the prompt scored and nothing generated.
+  bool echo = false;
+  bool prompt_only = false;
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
   bool ignore_eos = false;                // extension (vLLM's name): keep generating past EOS
@@ -100,6 +105,7 @@ struct LogprobEntry {
   std::string token;                               // the token's text
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // the most likely alternatives, first first
+  bool scored = true;  // false: an echoed prompt's first token, which nothing predicts (nulls)
 };
 // A choice's "logprobs" for `entries`. Completions: {"tokens",
 // "token_logprobs", "top_logprobs" (each a {text: logprob} object of the
