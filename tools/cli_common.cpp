@@ -31,9 +31,12 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   if (model_required) m->required();
   cmd.add_option("--tokenizer", o.tokenizer_path, "tokenizer: llama2.c tokenizer .bin or GGUF (default: from the model)");
   cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int4-small | int2 | int2-small");
-  cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | fp8 (E4M3) | int8 | int4 | int2 | q4_0 (default fp32)");
-  cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)");
-  cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)");
+  // An empty type would read as "not given" (fp32).
+  auto named = [](const std::string& v) { return v.empty() ? std::string("a KV type must be named") : std::string(); };
+  cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | fp8 (E4M3) | int8 | int4 | int2 | q4_0 (default fp32)")
+      ->check(named);
+  cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)")->check(named);
+  cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)")->check(named);
   cmd.add_option("--kv-grouping", o.kv_grouping, "quantization groups for K and V: token | channel");
   cmd.add_option("--kv-k-grouping", o.kv_k_grouping, "key groups: token | channel");
   cmd.add_option("--kv-v-grouping", o.kv_v_grouping, "value groups: token | channel");

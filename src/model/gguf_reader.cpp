@@ -218,8 +218,9 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
     uint64_t elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne = c.read<uint64_t>("tensor dimension");
-      if (ne == 0 || ne > (uint64_t(1) << 40) || elements > (uint64_t(1) << 40) / ne)
-        fail("{}: tensor '{}' has an implausible dimension {}", path, t.name, ne);
+      if (ne == 0 || ne > (uint64_t(1) << 40)) fail("{}: tensor '{}' has an implausible dimension {}", path, t.name, ne);
+      if (elements > (uint64_t(1) << 40) / ne)
+        fail("{}: tensor '{}' has more than 2^40 elements ({} so far, then a dimension of {})", path, t.name, elements, ne);
       elements *= ne;
       t.dims.push_back(int64_t(ne));
     }
