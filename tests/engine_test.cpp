@@ -417,50 +417,31 @@ TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   o.threads = 1;
   o.kv.num_blocks = 8;  // 128 tokens
   Engine engine(*model, o);
-  auto refused = [&](Request r, const std::string& needle) {
-    SubmitResult s = engine.submit(std::move(r));
-    EXPECT_EQ(s.status, SubmitResult::Status::Invalid);
-    EXPECT_NE(s.error.find(needle), std::string::npos) << s.error;
-  };
   Request ok;
   ok.prompt = {1, 5, 6};
   ok.max_tokens = 4;
-  Request r = ok;
-  r.prompt.clear();
-  refused(r, "no tokens");
-  r = ok;
-  r.prompt = {1, 100000};
-  refused(r, "out of range");
-  r = ok;
-  r.max_tokens = 0;
-  refused(r, "at least 1");
-  r = ok;
-  r.max_tokens = 600;
-  refused(r, "context length");
-  r = ok;
-  r.prompt.assign(600, 5);
-  refused(r, "context length");
-  r = ok;
-  r.max_tokens = 300;
-  refused(r, "KV blocks");
-  r = ok;
-  r.sampling.top_p = 2;
-  refused(r, "top");
-  r = ok;
-  r.stop = {""};
-  refused(r, "stop");
-  r = ok;
-  r.stop_token_ids = {100000};
-  refused(r, "stop token id");
-  r = ok;
-  r.sampling.logit_bias = {{100000, 1.0f}};
-  refused(r, "logit bias");
-  r = ok;
-  r.min_tokens = 5;
-  refused(r, "min_tokens");
-  r = ok;
-  r.sampling.repetition_penalty = 0;
-  refused(r, "repetition");
+  // `ok` changed by `edit` is refused with a message holding `needle`.
+  auto refused = [&](auto edit, const std::string& needle) {
+    Request r = ok;
+    edit(r);
+    SubmitResult s = engine.submit(std::move(r));
+    EXPECT_EQ(s.status, SubmitResult::Status::Invalid) << needle;
+    EXPECT_NE(s.error.find(needle), std::string::npos) << s.error;
+  };
+  refused([](Request& r) { r.prompt.clear(); }, "no tokens");
+  refused([](Request& r) { r.prompt = {1, 100000}; }, "out of range");
+  refused([](Request& r) { r.max_tokens = 0; }, "at least 1");
+  refused([](Request& r) { r.max_tokens = 600; }, "context length");
+  refused([](Request& r) { r.prompt.assign(600, 5); }, "context length");
+  refused([](Request& r) { r.max_tokens = 300; }, "KV blocks");
+  refused([](Request& r) { r.sampling.top_p = 2; }, "top");
+  refused([](Request& r) { r.stop = {""}; }, "stop");
+  refused([](Request& r) { r.stop_token_ids = {100000}; }, "stop token id");
+  refused([](Request& r) { r.sampling.logit_bias = {{100000, 1.0f}}; }, "logit bias");
+  refused([](Request& r) { r.min_tokens = 5; }, "min_tokens");
+  refused([](Request& r) { r.sampling.repetition_penalty = 0; }, "repetition");
+  refused([](Request& r) { r.logprobs = 21; }, "logprobs");
+  refused([](Request& r) { r.prompt_logprobs = true; }, "need logprobs");
   EXPECT_EQ(engine.submit(ok).status, SubmitResult::Status::Accepted);
 }
 
