@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <future>
 #include <latch>
+#include <set>
 #include <thread>
 
 #include "engine/generator.h"
@@ -535,6 +536,51 @@ TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
   EXPECT_EQ(post("/v1/completions", completion("x", 0)).status, 400);
 }
 
+// n choices: one sequence each, sharing the prompt's KV. Greedy choices are
+// all the greedy text; seeded ones repeat (choice i samples with seed + i);
+// usage counts the prompt once; streamed choices carry their index.
+TEST_F(HttpServerTest, SeveralChoicesShareThePromptAndRepeatWithTheirSeeds) {
+  start();
+  const std::vector<int32_t> prompt = encode("Once upon a time");
+  const auto [greedy_text, n_greedy] = greedy(prompt, 20);
+  json body = completion("Once upon a time", 20);
+  body["n"] = 3;
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.body["choices"][i]["index"], i);
+    EXPECT_EQ(r.body["choices"][i]["text"], greedy_text);
+  }
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], int(prompt.size()));
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 3 * n_greedy);
+
+  body["temperature"] = 1.0;
+  body["seed"] = 11;
+  body["n"] = 4;
+  const Reply a = post("/v1/completions", body);
+  ASSERT_EQ(a.status, 200) << a.raw;
+  std::set<std::string> texts;
+  for (const json& c : a.body["choices"]) texts.insert(c["text"].get<std::string>());
+  EXPECT_GT(texts.size(), 1u) << a.raw;  // the choices sample apart
+  // Streamed, the same seeds give the same texts, choice by choice.
+  body["stream"] = true;
+  const Reply s = post("/v1/completions", body);
+  std::vector<std::string> streamed(4);
+  int finishes = 0;
+  for (const json& c : s.chunks) {
+    if (c["choices"].empty()) continue;
+    const json& ch = c["choices"][0];
+    streamed[ch["index"].get<size_t>()] += ch["text"].get<std::string>();
+    finishes += !ch["finish_reason"].is_null();
+  }
+  EXPECT_EQ(finishes, 4);
+  EXPECT_TRUE(s.done);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(streamed[size_t(i)], a.body["choices"][i]["text"]) << "choice " << i;
+  const EngineStats st = stats_when([](const EngineStats& s) { return s.requests_finished == 11; });
+  EXPECT_EQ(st.kv.blocks_used, 0);
+}
+
 TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   start();
   ASSERT_NE(server_->chat_template(), nullptr);
@@ -617,7 +663,7 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("max_tokens": 4})", "prompt", "missing_required_parameter"},
       {p, R"({"model": "gpt-4", "prompt": "x"})", "model", "model_not_found"},
       {p, R"({"prompt": "x"})", "model", "missing_required_parameter"},
-      {p, "{" + m + R"("prompt": "x", "n": 2})", "n", "unsupported_parameter"},
+      {p, "{" + m + R"("prompt": "x", "n": 100})", "n", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stop": 5})", "stop", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},

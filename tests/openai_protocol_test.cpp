@@ -70,6 +70,8 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 3.5f}, {7, -100.0f}}));
 
   EXPECT_EQ(r.logprobs, -1);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "n": 4, "best_of": 4})").n, 4);
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "logprobs": 3})").logprobs, 3);
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "logprobs": false})").logprobs, -1);
   EXPECT_EQ(parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})",
@@ -140,7 +142,9 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": "m", "prompt": "x", "stream": "yes"})", "stream", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "stream": true, "stream_options": []})", "stream_options", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "user": 5})", "user", "invalid_type"},
-      {R"({"model": "m", "prompt": "x", "n": 3})", "n", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": "x", "n": 0})", "n", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "n": 65})", "n", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "n": 2, "best_of": 3})", "best_of", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "best_of": 2})", "best_of", "unsupported_parameter"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true})", "echo",
        "unsupported_parameter", chat},

@@ -78,29 +78,47 @@ int64_t unix_seconds() {
 
 }  // namespace
 
+// One completion request: n choices, one engine request each (they share the
+// prompt's KV through the prefix cache).
 struct HttpServer::Completion {
+  struct Choice {
+    RequestId id = 0;
+    Utf8Stream utf8;
+    bool finished = false;        // its final event was handled
+    RequestEvent last;            // that event (finish reason, usage, error)
+    std::string text;             // respond_whole: the text so far
+    bool echo = false;            // the echoed prompt is still to send
+    // Log-probabilities: entries not yet sent, the token before the next
+    // one (its text depends on it after BOS), completions' next text
+    // offset, and (echo) the prompt whose entries come with the first event.
+    std::vector<LogprobEntry> pending;
+    int32_t prev_token = -1;
+    size_t text_offset = 0;
+    std::vector<int32_t> prompt;
+  };
   Endpoint endpoint = Endpoint::Completions;
   ResponseMeta meta;
   bool include_usage = false;
-  RequestId id = 0;
+  bool logprobs = false;          // asked for "logprobs"
+  std::string echo_text;          // completions' echo: the prompt's text
+  std::vector<Choice> choices;
+  std::map<RequestId, size_t> choice_of;  // engine request -> its choice
   std::shared_ptr<EventQueue> events = std::make_shared<EventQueue>();
   ConnectionProbe probe;
-  Utf8Stream utf8;
-  bool finished = false;        // the final event was handled
-  bool started = false;         // streaming: the response has begun
+  bool finished = false;          // every choice finished (or one failed)
+  bool started = false;           // streaming: the response has begun
   SteadyTime::time_point last_write = SteadyTime::now();
-  // Log-probabilities (asked for with "logprobs"): entries not yet sent,
-  // the token before the next one (its text depends on it after BOS), and
-  // completions' text offset of the next entry.
-  bool logprobs = false;
-  std::vector<LogprobEntry> pending;
-  int32_t prev_token = -1;
-  size_t text_offset = 0;
-  // Completions' echo: the prompt's text, sent before the first event's, and
-  // its tokens (their log-probabilities come on the first event).
-  bool echo = false;
-  std::string echo_text;
-  std::vector<int32_t> prompt;
+
+  bool all_finished() const {
+    return std::all_of(choices.begin(), choices.end(), [](const Choice& x) { return x.finished; });
+  }
+  // The usage of all choices: the prompt once, the completions summed.
+  RequestUsage usage() const {
+    RequestUsage u = choices[0].last.usage;
+    u.completion_tokens = 0;
+    for (const Choice& x : choices) u.completion_tokens += x.last.usage.completion_tokens;
+    return u;
+  }
 };
 
 HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiKeys keys, HttpServerOptions options)
@@ -573,43 +591,54 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   c->endpoint = endpoint;
   c->include_usage = cr.include_usage;
   c->logprobs = cr.logprobs >= 0;
-  c->prev_token = r.prompt.back();
-  c->echo = cr.echo;
-  if (cr.echo) {
+  if (cr.echo)
     c->echo_text = cr.prompt_is_tokens ? (tokenizer_ ? tokenizer_->decode(r.prompt) : std::string()) : cr.prompt_text;
-    c->prompt = r.prompt;
-  }
   c->meta.created = unix_seconds();
   c->meta.model = model_name_;
-  const uint64_t ticket = begin_request();
-  r.on_event = [events = c->events, this, ticket](const RequestEvent& e) {
-    events->push(e);
-    if (e.finish != FinishReason::None) end_request(ticket);
-  };
-  const SubmitResult s = engine_.submit(std::move(r));
-  if (s.status != SubmitResult::Status::Accepted) {
-    end_request(ticket);
-    if (s.status == SubmitResult::Status::Invalid) {
-      send_error(res, invalid_request(s.error, {}, "invalid_request"));
-    } else {
-      bool draining;
-      {
-        std::lock_guard<std::mutex> lock(state_mutex_);
-        draining = draining_;
-      }
-      if (draining) {
-        send_error(res, shutting_down());
-      } else {
-        res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
-        send_error(res, error_of(429, "the server is at capacity (" + s.error + "); retry later", "rate_limit_error",
-                                 "queue_full"));
-      }
-    }
-    return;
+  c->choices.resize(size_t(cr.n));
+  for (Completion::Choice& x : c->choices) {
+    x.prev_token = r.prompt.back();
+    x.echo = cr.echo;
+    if (cr.echo && c->logprobs) x.prompt = r.prompt;
   }
-  set_request_id(ticket, s.id);
-  c->id = s.id;
-  c->meta.id = fmt::format("{}-{}{:x}", endpoint == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_prefix_, s.id);
+  // One engine request per choice; choice i > 0 of a seeded request samples
+  // with seed + i, so the choices differ but repeat.
+  for (int32_t i = 0; i < cr.n; ++i) {
+    Request ri = r;
+    ri.sampling.seed += uint64_t(i);
+    const uint64_t ticket = begin_request();
+    ri.on_event = [events = c->events, this, ticket](const RequestEvent& e) {
+      events->push(e);
+      if (e.finish != FinishReason::None) end_request(ticket);
+    };
+    const SubmitResult s = engine_.submit(std::move(ri));
+    if (s.status != SubmitResult::Status::Accepted) {
+      end_request(ticket);
+      for (int32_t k = 0; k < i; ++k) engine_.cancel(c->choices[size_t(k)].id);  // all or none
+      if (s.status == SubmitResult::Status::Invalid) {
+        send_error(res, invalid_request(s.error, {}, "invalid_request"));
+      } else {
+        bool draining;
+        {
+          std::lock_guard<std::mutex> lock(state_mutex_);
+          draining = draining_;
+        }
+        if (draining) {
+          send_error(res, shutting_down());
+        } else {
+          res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+          send_error(res, error_of(429, "the server is at capacity (" + s.error + "); retry later", "rate_limit_error",
+                                   "queue_full"));
+        }
+      }
+      return;
+    }
+    set_request_id(ticket, s.id);
+    c->choices[size_t(i)].id = s.id;
+    c->choice_of[s.id] = size_t(i);
+  }
+  c->meta.id = fmt::format("{}-{}{:x}", endpoint == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_prefix_,
+                           c->choices[0].id);
   c->probe = ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port);
   if (cr.stream) {
     respond_stream(res, c);
@@ -619,104 +648,130 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   }
 }
 
-std::string HttpServer::event_text(Completion& c, const RequestEvent& e) const {
-  std::string text = c.utf8.push(e.text);
-  if (!c.echo) return text;
-  c.echo = false;  // the first event: the prompt goes first
+std::string HttpServer::event_text(Completion& c, size_t i, const RequestEvent& e) const {
+  Completion::Choice& x = c.choices[i];
+  std::string text = x.utf8.push(e.text);
+  if (!x.echo) return text;
+  x.echo = false;  // the first event: the prompt goes first
   return c.echo_text + text;
 }
 
-void HttpServer::add_logprobs(Completion& c, const RequestEvent& e) const {
+void HttpServer::add_logprobs(Completion& c, size_t i, const RequestEvent& e) const {
   if (!c.logprobs) return;
+  Completion::Choice& x = c.choices[i];
   auto text = [&](int32_t token) {
-    return tokenizer_ ? tokenizer_->decode_piece(c.prev_token, token) : fmt::format("token_id:{}", token);
+    return tokenizer_ ? tokenizer_->decode_piece(x.prev_token, token) : fmt::format("token_id:{}", token);
   };
-  if (!c.prompt.empty()) {  // echo: the prompt's entries, the first unscored
-    c.prev_token = -1;
-    c.pending.push_back({text(c.prompt[0]), 0, {}, false});
-    c.prev_token = c.prompt[0];
+  if (!x.prompt.empty()) {  // echo: the prompt's entries, the first unscored
+    x.prev_token = -1;
+    x.pending.push_back({text(x.prompt[0]), 0, {}, false});
+    x.prev_token = x.prompt[0];
     for (const TokenLogprobs& p : e.prompt_logprobs) {
       LogprobEntry entry{text(p.token), p.logprob, {}};
       for (const auto& [token, lp] : p.top) entry.top.emplace_back(text(token), lp);
-      c.prev_token = p.token;
-      c.pending.push_back(std::move(entry));
+      x.prev_token = p.token;
+      x.pending.push_back(std::move(entry));
     }
-    c.prompt.clear();
+    x.prompt.clear();
   }
   if (!e.logprobs) return;
   LogprobEntry entry{text(e.logprobs->token), e.logprobs->logprob, {}};
   for (const auto& [token, lp] : e.logprobs->top) entry.top.emplace_back(text(token), lp);
-  c.prev_token = e.logprobs->token;
-  c.pending.push_back(std::move(entry));
+  x.prev_token = e.logprobs->token;
+  x.pending.push_back(std::move(entry));
 }
 
-json HttpServer::take_logprobs(Completion& c) const {
+json HttpServer::take_logprobs(Completion& c, size_t i) const {
   if (!c.logprobs) return nullptr;
-  json j = logprobs_json(c.endpoint, c.pending, c.text_offset);
-  for (const LogprobEntry& e : c.pending) c.text_offset += e.token.size();
-  c.pending.clear();
+  Completion::Choice& x = c.choices[i];
+  json j = logprobs_json(c.endpoint, x.pending, x.text_offset);
+  for (const LogprobEntry& e : x.pending) x.text_offset += e.token.size();
+  x.pending.clear();
   return j;
 }
 
+void HttpServer::cancel_unfinished(const Completion& c) {
+  for (const Completion::Choice& x : c.choices)
+    if (!x.finished) engine_.cancel(x.id);
+}
+
 void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completion> c) {
-  std::string text;
-  RequestEvent last;
   std::vector<RequestEvent> events;
+  const Completion::Choice* failed = nullptr;
   while (!c->finished) {
     if (c->probe.closed()) {
-      // Nobody is left to answer: free the sequence. 499 (nginx's "client
+      // Nobody is left to answer: free the sequences. 499 (nginx's "client
       // closed request") is what the metrics record.
-      engine_.cancel(c->id);
+      cancel_unfinished(*c);
       res.status = 499;
       return;
     }
     events.clear();
     if (!c->events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) continue;
     for (RequestEvent& e : events) {
-      text += event_text(*c, e);
-      add_logprobs(*c, e);
-      if (e.finish != FinishReason::None) {
-        last = std::move(e);
-        c->finished = true;
-      }
+      const size_t i = c->choice_of.at(e.id);
+      Completion::Choice& x = c->choices[i];
+      x.text += event_text(*c, i, e);
+      add_logprobs(*c, i, e);
+      if (e.finish == FinishReason::None) continue;
+      x.text += x.utf8.finish();
+      x.finished = true;
+      x.last = std::move(e);
+      if (x.last.finish != FinishReason::Stop && x.last.finish != FinishReason::Length && !failed) failed = &x;
     }
+    c->finished = c->all_finished();
   }
-  text += c->utf8.finish();
-  if (last.finish != FinishReason::Stop && last.finish != FinishReason::Length) {
-    send_error(res, finish_error(last));
+  if (failed) {
+    send_error(res, finish_error(failed->last));
     return;
   }
-  send_json(res, 200, completion_response(c->endpoint, c->meta, text, client_finish_reason(last.finish), last.usage,
-                                          take_logprobs(*c)));
+  json choices = json::array();
+  for (size_t i = 0; i < c->choices.size(); ++i) {
+    Completion::Choice& x = c->choices[i];
+    choices.push_back(choice_json(c->endpoint, int(i), x.text, client_finish_reason(x.last.finish), take_logprobs(*c, i)));
+  }
+  send_json(res, 200, completion_response(c->endpoint, c->meta, std::move(choices), c->usage()));
 }
 
 bool HttpServer::stream_step(Completion& c, std::string* out) {
   std::vector<RequestEvent> events;
   if (!c.events->pop_all(&events, std::chrono::milliseconds(options_.poll_interval_ms))) return false;
   const bool usage_null = c.include_usage;
-  // A token's log-probabilities ride on the next chunk with text (text held
-  // back for a stop string or an incomplete character comes later), the
-  // rest on the finish chunk.
+  // A token's log-probabilities ride on the next chunk of its choice with
+  // text (text held back for a stop string or an incomplete character comes
+  // later), the rest on the choice's finish chunk.
   for (const RequestEvent& e : events) {
-    std::string text = event_text(c, e);
-    add_logprobs(c, e);
+    if (c.finished) break;  // a choice failed: the stream has ended
+    const size_t i = c.choice_of.at(e.id);
+    const int index = int(i);
+    Completion::Choice& x = c.choices[i];
+    std::string text = event_text(c, i, e);
+    add_logprobs(c, i, e);
     if (e.finish == FinishReason::None) {
       if (!text.empty())
-        *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c)));
+        *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c, i), index));
       continue;
     }
-    text += c.utf8.finish();
-    c.finished = true;
+    text += x.utf8.finish();
+    x.finished = true;
+    x.last = e;
     if (!text.empty())
-      *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c)));
-    if (e.finish == FinishReason::Stop || e.finish == FinishReason::Length) {
-      const json rest = c.pending.empty() ? json(nullptr) : take_logprobs(c);
-      *out += sse_event(completion_chunk(c.endpoint, c.meta, "", client_finish_reason(e.finish), false, usage_null, rest));
-      if (c.include_usage) *out += sse_event(usage_chunk(c.endpoint, c.meta, e.usage));
-    } else {
+      *out += sse_event(completion_chunk(c.endpoint, c.meta, text, {}, false, usage_null, take_logprobs(c, i), index));
+    if (e.finish != FinishReason::Stop && e.finish != FinishReason::Length) {
       *out += sse_event(error_json(finish_error(e)));
+      *out += kSseDone;
+      cancel_unfinished(c);
+      c.finished = true;
+      break;
     }
-    *out += kSseDone;
+    const json rest = x.pending.empty() ? json(nullptr) : take_logprobs(c, i);
+    *out += sse_event(
+        completion_chunk(c.endpoint, c.meta, "", client_finish_reason(e.finish), false, usage_null, rest, index));
+    if (c.all_finished()) {
+      if (c.include_usage) *out += sse_event(usage_chunk(c.endpoint, c.meta, c.usage()));
+      *out += kSseDone;
+      c.finished = true;
+    }
   }
   return true;
 }
@@ -732,7 +787,8 @@ void HttpServer::respond_stream(httplib::Response& res, std::shared_ptr<Completi
           c->started = true;
           // Chat's first chunk names the role, at once (clients see the stream open).
           if (c->endpoint == Endpoint::ChatCompletions)
-            out = sse_event(completion_chunk(c->endpoint, c->meta, "", {}, true, c->include_usage));
+            for (size_t i = 0; i < c->choices.size(); ++i)
+              out += sse_event(completion_chunk(c->endpoint, c->meta, "", {}, true, c->include_usage, nullptr, int(i)));
         } else if (c->probe.closed()) {
           return false;  // the releaser cancels the request
         } else if (!stream_step(*c, &out) &&
@@ -747,7 +803,7 @@ void HttpServer::respond_stream(httplib::Response& res, std::shared_ptr<Completi
         return true;
       },
       [this, c](bool) {
-        if (!c->finished) engine_.cancel(c->id);
+        if (!c->finished) cancel_unfinished(*c);
         end_response();
       });
 }

@@ -109,12 +109,13 @@ class HttpServer {
   void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
   void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c);
   bool stream_step(Completion& c, std::string* out);  // true when the last event was written into *out
-  // The text an event adds (the echoed prompt first, on the first one).
-  std::string event_text(Completion& c, const RequestEvent& e) const;
-  // Turns an event's token log-probabilities into text entries in c.pending.
-  void add_logprobs(Completion& c, const RequestEvent& e) const;
-  // The choice's "logprobs" for c.pending (null when not asked for); clears it.
-  nlohmann::json take_logprobs(Completion& c) const;
+  // The text an event of choice i adds (the echoed prompt first, on its first).
+  std::string event_text(Completion& c, size_t i, const RequestEvent& e) const;
+  // Turns an event's token log-probabilities into text entries of choice i.
+  void add_logprobs(Completion& c, size_t i, const RequestEvent& e) const;
+  // Choice i's "logprobs" for its pending entries (null when not asked for); clears them.
+  nlohmann::json take_logprobs(Completion& c, size_t i) const;
+  void cancel_unfinished(const Completion& c);
 
   // Bookkeeping for a graceful shutdown.
   bool begin_response();                              // false while draining

@@ -279,9 +279,9 @@ void parse_kv(const json& body, KvRequest& kv) {
 
 // Known OpenAI fields whose non-default values ask for behaviour kvserve lacks.
 void refuse_unsupported(const json& body) {
-  if (read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), 1) != 1) unsupported("n", "n other than 1");
-  if (read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), 1) != 1)
-    unsupported("best_of", "best_of other than 1");
+  const int32_t n = read_int(body, "n", 1, kMaxChoices, 1);
+  const int32_t best_of = read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), n);
+  if (best_of != n) unsupported("best_of", "best_of other than n");
   if (!read_string(body, "suffix", "suffix").empty()) unsupported("suffix", "suffix");
   // vLLM's extensions beyond those kvserve implements: refused rather than
   // dropped when they ask for something.
@@ -362,6 +362,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
   parse_logprobs(body, r);
+  r.n = read_int(body, "n", 1, kMaxChoices, 1);
 
   r.stream = read_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
@@ -376,8 +377,8 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   return r;
 }
 
-json choice_base(std::string_view finish_reason) {
-  json c = {{"index", 0}, {"logprobs", nullptr}};
+json choice_base(std::string_view finish_reason, int index) {
+  json c = {{"index", index}, {"logprobs", nullptr}};
   c["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(std::string(finish_reason));
   return c;
 }
@@ -456,27 +457,38 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
 }
 
-json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                         std::string_view finish_reason, const RequestUsage& usage, const json& logprobs) {
-  json choice = choice_base(finish_reason);
+json choice_json(Endpoint endpoint, int index, const std::string& text, std::string_view finish_reason,
+                 const json& logprobs) {
+  json choice = choice_base(finish_reason, index);
   choice["logprobs"] = logprobs;
-  const bool chat = endpoint == Endpoint::ChatCompletions;
-  if (chat) {
+  if (endpoint == Endpoint::ChatCompletions) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
     choice["text"] = text;
   }
+  return choice;
+}
+
+json completion_response(Endpoint endpoint, const ResponseMeta& meta, json choices, const RequestUsage& usage) {
+  const bool chat = endpoint == Endpoint::ChatCompletions;
   return {{"id", meta.id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", meta.created},
           {"model", meta.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(choices)},
           {"usage", usage_json(usage)}};
 }
 
+json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                         std::string_view finish_reason, const RequestUsage& usage, const json& logprobs) {
+  return completion_response(endpoint, meta, json::array({choice_json(endpoint, 0, text, finish_reason, logprobs)}),
+                             usage);
+}
+
 json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                      std::string_view finish_reason, bool with_role, bool usage_null, const json& logprobs) {
-  json choice = choice_base(finish_reason);
+                      std::string_view finish_reason, bool with_role, bool usage_null, const json& logprobs,
+                      int index) {
+  json choice = choice_base(finish_reason, index);
   choice["logprobs"] = logprobs;
   const bool chat = endpoint == Endpoint::ChatCompletions;
   if (chat) {

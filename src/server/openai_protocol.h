@@ -73,6 +73,7 @@ struct CompletionRequest {
   // max_tokens 0, the prompt scored and nothing generated.
   bool echo = false;
   bool prompt_only = false;
+  int32_t n = 1;                          // choices: one engine request each, sharing the prompt's KV
   bool stream = false;
   bool include_usage = false;             // stream_options.include_usage
   bool ignore_eos = false;                // extension (vLLM's name): keep generating past EOS
@@ -80,6 +81,7 @@ struct CompletionRequest {
 };
 
 inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr int32_t kMaxChoices = 64;
 inline constexpr size_t kMaxStopTokenIds = 64;
 inline constexpr size_t kMaxLogitBias = 300;  // OpenAI's limit
 
@@ -118,12 +120,17 @@ struct LogprobEntry {
 [[nodiscard]] nlohmann::json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
                                                  std::string_view finish_reason, const RequestUsage& usage,
                                                  const nlohmann::json& logprobs = nullptr);
+// One choice of a whole response; completion_response with several (n).
+[[nodiscard]] nlohmann::json choice_json(Endpoint endpoint, int index, const std::string& text,
+                                         std::string_view finish_reason, const nlohmann::json& logprobs = nullptr);
+[[nodiscard]] nlohmann::json completion_response(Endpoint endpoint, const ResponseMeta& meta, nlohmann::json choices,
+                                                 const RequestUsage& usage);
 // One streamed chunk. finish_reason empty = null. with_role: chat's first chunk
 // names the assistant role. usage_null: with stream_options.include_usage every
-// chunk but the last carries "usage": null, as OpenAI's do.
+// chunk but the last carries "usage": null, as OpenAI's do. index: the choice.
 [[nodiscard]] nlohmann::json completion_chunk(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
                                               std::string_view finish_reason, bool with_role, bool usage_null,
-                                              const nlohmann::json& logprobs = nullptr);
+                                              const nlohmann::json& logprobs = nullptr, int index = 0);
 // The last chunk with stream_options.include_usage: no choices, the usage.
 [[nodiscard]] nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const RequestUsage& usage);
 
