@@ -412,6 +412,62 @@ TEST_F(EngineTest, EndTokensCountAndMinTokensHoldThemBack) {
   EXPECT_EQ(engine.stats().kv.blocks_used, 0);
 }
 
+// Prompt log-probabilities (echo) come once per prompt token whatever the
+// chunking and preemption, equal to one direct pass over the prompt.
+TEST_F(EngineTest, PromptLogprobsSurviveChunksAndPreemption) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 40;
+  o.scheduler.max_batch_prefill_tokens = 7;
+  Engine engine(*model, o);
+  std::map<RequestId, std::vector<TokenLogprobs>> got;
+  std::map<RequestId, size_t> which;
+  std::mutex mu;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    Request r;
+    r.prompt = tok->encode(kPrompts[i], true);
+    r.max_tokens = 50;
+    r.sampling.temperature = 0;
+    r.logprobs = 2;
+    r.prompt_logprobs = true;
+    r.on_event = [&](const RequestEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!e.prompt_logprobs.empty()) {
+        EXPECT_TRUE(got[e.id].empty()) << "prompt log-probabilities sent twice";
+        got[e.id] = e.prompt_logprobs;
+      }
+    };
+    which[engine.submit(std::move(r)).id] = i;
+  }
+  engine.run_until_idle();
+  EXPECT_GT(engine.stats().preemptions, 0);
+  ThreadPool pool(1);
+  KvCache cache(model->config(), KvCacheOptions{});
+  Transformer tf(*model, pool);
+  for (const auto& [id, entries] : got) {
+    const std::vector<int32_t> prompt = tok->encode(kPrompts[which[id]], true);
+    ASSERT_EQ(entries.size(), prompt.size() - 1) << kPrompts[which[id]];
+    BlockTable table;
+    ASSERT_TRUE(cache.reserve(table, int32_t(prompt.size())));
+    std::vector<BatchEntry> batch(1);
+    batch[0].table = &table;
+    batch[0].tokens = prompt;
+    batch[0].all_logits = true;
+    Logits logits;
+    tf.forward(batch, cache, logits);
+    for (size_t k = 0; k < entries.size(); ++k) {
+      const TokenLogprobs want = token_logprobs(logits.row(int32_t(k)), logits.vocab, prompt[k + 1], 2);
+      EXPECT_EQ(entries[k].token, prompt[k + 1]);
+      EXPECT_NEAR(entries[k].logprob, want.logprob, 1e-4) << k;
+      ASSERT_EQ(entries[k].top.size(), 2u);
+      EXPECT_EQ(entries[k].top[0].first, want.top[0].first) << k;
+    }
+    cache.release(table);
+  }
+  EXPECT_EQ(got.size(), kPrompts.size());
+}
+
 TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   EngineOptions o;
   o.threads = 1;

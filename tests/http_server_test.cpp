@@ -534,6 +534,16 @@ TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
   EXPECT_EQ(stream_text(s).rfind(prompt, 0), 0u);
   // max_tokens 0 needs echo.
   EXPECT_EQ(post("/v1/completions", completion("x", 0)).status, 400);
+  // A prompt filling the whole context can be scored (lm-eval's rolling
+  // windows of max_length), though no token could follow it.
+  std::vector<int32_t> full(512, 400);
+  full[0] = 1;
+  json whole = {{"model", "stories260K"}, {"prompt", full}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}};
+  const Reply w = post("/v1/completions", whole);
+  ASSERT_EQ(w.status, 200) << w.raw.substr(0, 300);
+  EXPECT_EQ(w.body["choices"][0]["logprobs"]["tokens"].size(), 512u);
+  whole["max_tokens"] = 1;
+  EXPECT_EQ(post("/v1/completions", whole).status, 400);
 }
 
 // n choices: one sequence each, sharing the prompt's KV. Greedy choices are

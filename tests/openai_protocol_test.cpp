@@ -237,6 +237,11 @@ TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {
   EXPECT_EQ(logprobs_json(Endpoint::ChatCompletions, {entries[1]}, 0),
             json::parse(R"({"content": [{"token": "!", "logprob": -2.0, "bytes": [33],
                             "top_logprobs": [{"token": "?", "logprob": -0.25, "bytes": [63]}]}]})"));
+  // Offsets count characters: "é" is one, and a character split over two
+  // byte tokens counts at its first.
+  const std::vector<LogprobEntry> utf8 = {{"caf", -1.0f, {}}, {"\xC3\xA9", -1.0f, {}}, {" a", -1.0f, {}},
+                                          {"\xC3", -1.0f, {}}, {"\xA9", -1.0f, {}}, {"!", -1.0f, {}}};
+  EXPECT_EQ(logprobs_json(Endpoint::Completions, utf8, 0)["text_offset"], json::parse("[0, 3, 4, 6, 7, 7]"));
   EXPECT_EQ(completion_response(Endpoint::Completions, meta, "abc", "length", usage, json{{"x", 1}})["choices"][0]
                 ["logprobs"], json({{"x", 1}}));
   const json u = usage_chunk(Endpoint::Completions, meta, usage);

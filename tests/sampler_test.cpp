@@ -112,6 +112,26 @@ TEST(Sampler, PenaltiesBiasAndBansMoveTheLogits) {
   for (int i = 0; i < 500; ++i) EXPECT_NE(hot.sample(logits, 5, {prompt, generated, std::vector<int32_t>{0}}), 0);
 }
 
+// Extreme values stay well defined (a helper's 1e-39 temperature sampled
+// the last token every step; a 1e-40 repetition penalty sampled bytes).
+TEST(Sampler, ExtremeTemperaturesAndPenaltiesStayFinite) {
+  const float logits[] = {0.5f, 3.0f, -1.0f, 2.0f, 0.1f};
+  for (float t : {1e-39f, 1e-10f, 9e-6f}) {
+    Sampler s({t, 0, 1.0f, 3});
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits, 5), 1) << t;  // greedy
+  }
+  Sampler cold({1e-4f, 0, 1.0f, 3});  // sampled, but nearly greedy: no overflow to NaN
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(cold.sample(logits, 5), 1);
+  SamplerOptions o{1.0f, 0, 1.0f, 7};
+  o.repetition_penalty = 1e-40f;  // seen positive logits become huge, seen negative ones vanish
+  Sampler rep(o);
+  const std::vector<int32_t> prompt = {0, 2}, generated = {4};
+  for (int i = 0; i < 50; ++i) {
+    const int32_t t = rep.sample(logits, 5, {prompt, generated, {}});
+    EXPECT_TRUE(t == 0 || t == 4) << t;
+  }
+}
+
 TEST(Sampler, RejectsInvalidOptions) {
   EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0}), Error);

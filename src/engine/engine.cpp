@@ -274,7 +274,7 @@ SubmitResult Engine::submit(Request r) {
     return invalid(fmt::format("max_tokens must be at least {} (got {})", r.prompt_logprobs ? 0 : 1, r.max_tokens));
   if (r.prompt_logprobs && r.logprobs < 0) return invalid("prompt log-probabilities need logprobs >= 0");
   const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-  if (int64_t(r.prompt.size()) >= c.seq_len)
+  if (int64_t(r.prompt.size()) > c.seq_len || (int64_t(r.prompt.size()) == c.seq_len && r.max_tokens > 0))
     return invalid(fmt::format("the prompt has {} tokens; the model's context length is {}", r.prompt.size(), c.seq_len));
   if (r.sparsity.policy.empty()) r.sparsity = options_.sparsity;
   SequenceFootprint fp;

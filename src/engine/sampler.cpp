@@ -62,6 +62,10 @@ const float* Sampler::adjust(const float* logits, int32_t vocab, const SamplingC
   }
   for (const auto& [t, bias] : options_.logit_bias)
     if (valid(t)) adjusted_[size_t(t)] += bias;
+  // A tiny repetition penalty divides a logit past the float range: keep
+  // every adjusted logit finite (banned tokens below are the only -inf).
+  constexpr float kLimit = 1e30f;
+  for (float& l : adjusted_) l = std::clamp(l, -kLimit, kLimit);
   for (int32_t t : context.banned)
     if (valid(t)) adjusted_[size_t(t)] = -std::numeric_limits<float>::infinity();
   return adjusted_.data();
@@ -69,10 +73,14 @@ const float* Sampler::adjust(const float* logits, int32_t vocab, const SamplingC
 
 int32_t Sampler::sample(const float* raw_logits, int32_t vocab, const SamplingContext& context) {
   const float* logits = adjust(raw_logits, vocab, context);
-  if (options_.temperature == 0.0f) return argmax(logits, vocab);
+  // Below vLLM's sampling epsilon a temperature is greedy: dividing by it
+  // would overflow the logits (1e-39 sampled the last token every time).
+  if (options_.temperature < kGreedyTemperature) return argmax(logits, vocab);
 
+  // Shifted by the largest logit before dividing, so no value overflows.
+  const float top = logits[argmax(logits, vocab)];
   candidates_.resize(size_t(vocab));
-  for (int32_t i = 0; i < vocab; ++i) candidates_[size_t(i)] = {logits[i] / options_.temperature, i};
+  for (int32_t i = 0; i < vocab; ++i) candidates_[size_t(i)] = {(logits[i] - top) / options_.temperature, i};
   auto by_prob = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   size_t keep = candidates_.size();
   if (options_.top_k > 0 && size_t(options_.top_k) < keep) {

@@ -14,8 +14,11 @@
 
 namespace kvserve {
 
+// Temperatures below this sample greedily (vLLM's sampling epsilon).
+inline constexpr float kGreedyTemperature = 1e-5f;
+
 struct SamplerOptions {
-  float temperature = 1.0f;  // 0 = greedy (argmax, lowest id on ties)
+  float temperature = 1.0f;  // 0 (or below kGreedyTemperature) = greedy (argmax, lowest id on ties)
   int32_t top_k = 0;         // keep the k most likely tokens; 0 = all
   float top_p = 1.0f;        // keep the smallest set with probability mass >= top_p; 1 = all
   uint64_t seed = 0;         // seeds the random stream; same seed, same samples

@@ -401,7 +401,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   }
 
   const int64_t n = int64_t(r->prompt.size());
-  if (n >= context_length_)
+  if (n > context_length_ || (n == context_length_ && !cr.prompt_only))  // scoring a prompt needs no room after it
     return invalid_request(fmt::format("the prompt has {} tokens; this model's context length is {} tokens, and at "
                                        "least one must be left to generate",
                                        n, context_length_),
@@ -414,7 +414,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
   // budget, sinks past the context (the engine checks the same).
   SequenceFootprint fp;
   try {
-    fp = engine_.footprint(r->sparsity, n + std::max<int64_t>(max_tokens, 1));
+    fp = engine_.footprint(r->sparsity, n + std::max<int64_t>(max_tokens, cr.prompt_only ? 0 : 1));
   } catch (const Error& e) {
     return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
   }
@@ -685,7 +685,7 @@ json HttpServer::take_logprobs(Completion& c, size_t i) const {
   if (!c.logprobs) return nullptr;
   Completion::Choice& x = c.choices[i];
   json j = logprobs_json(c.endpoint, x.pending, x.text_offset);
-  for (const LogprobEntry& e : x.pending) x.text_offset += e.token.size();
+  for (const LogprobEntry& e : x.pending) x.text_offset += text_characters(e.token);
   x.pending.clear();
   return j;
 }

@@ -420,6 +420,14 @@ json usage_json(const RequestUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+size_t text_characters(std::string_view text) {
+  // Every byte but UTF-8 continuation bytes starts a character; a token that
+  // ends mid-character (a byte token) leaves the rest to the next.
+  size_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, size_t text_offset) {
   if (endpoint == Endpoint::ChatCompletions) {
     auto bytes = [](const std::string& s) {
@@ -439,7 +447,7 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
   for (const LogprobEntry& e : entries) {
     tokens.push_back(e.token);
     offsets.push_back(text_offset);
-    text_offset += e.token.size();
+    text_offset += text_characters(e.token);
     if (!e.scored) {
       token_logprobs.push_back(nullptr);
       top_logprobs.push_back(nullptr);

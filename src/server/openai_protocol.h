@@ -109,6 +109,9 @@ struct LogprobEntry {
   std::vector<std::pair<std::string, float>> top;  // the most likely alternatives, first first
   bool scored = true;  // false: an echoed prompt's first token, which nothing predicts (nulls)
 };
+// Characters of UTF-8 text, as a client's string counts them (completions'
+// text_offset): bytes that do not continue a character.
+[[nodiscard]] size_t text_characters(std::string_view text);
 // A choice's "logprobs" for `entries`. Completions: {"tokens",
 // "token_logprobs", "top_logprobs" (each a {text: logprob} object of the
 // alternatives and the sampled token), "text_offset" (from text_offset)};
