@@ -548,8 +548,9 @@ TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
 
 // n choices: one sequence each, sharing the prompt's KV. Greedy choices are
 // all the greedy text; seeded ones repeat (choice i samples with seed + i);
-// usage counts the prompt once; streamed choices carry their index.
-TEST_F(HttpServerTest, SeveralChoicesShareThePromptAndRepeatWithTheirSeeds) {
+// usage counts the prompt once; streamed choices carry their index. A batch
+// of prompts gets n choices each.
+TEST_F(HttpServerTest, SeveralChoicesAndPromptsPerRequest) {
   start();
   const std::vector<int32_t> prompt = encode("Once upon a time");
   const auto [greedy_text, n_greedy] = greedy(prompt, 20);
@@ -587,7 +588,35 @@ TEST_F(HttpServerTest, SeveralChoicesShareThePromptAndRepeatWithTheirSeeds) {
   EXPECT_EQ(finishes, 4);
   EXPECT_TRUE(s.done);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(streamed[size_t(i)], a.body["choices"][i]["text"]) << "choice " << i;
-  const EngineStats st = stats_when([](const EngineStats& s) { return s.requests_finished == 11; });
+
+  // A batch of prompts (lm-eval sends them so), each with n choices:
+  // choice p * n + i is prompt p's i-th; usage counts each prompt once.
+  const std::vector<std::string> batch = {"Once upon a time", "Lily had a red ball", "A cat"};
+  json b = {{"model", "stories260K"}, {"prompt", {batch[0], encode(batch[1]), batch[2]}}, {"max_tokens", 8},
+            {"temperature", 0}, {"n", 2}, {"echo", true}};
+  const Reply many = post("/v1/completions", b);
+  ASSERT_EQ(many.status, 200) << many.raw;
+  ASSERT_EQ(many.body["choices"].size(), 6u);
+  int prompt_tokens = 0, completion_tokens = 0;
+  for (size_t p = 0; p < batch.size(); ++p) {
+    const std::vector<int32_t> tokens = encode(batch[p]);
+    const auto [want, n_want] = greedy(tokens, 8);
+    prompt_tokens += int(tokens.size());
+    completion_tokens += 2 * n_want;
+    for (size_t i = 0; i < 2; ++i) {
+      const json& ch = many.body["choices"][p * 2 + i];
+      EXPECT_EQ(ch["index"], p * 2 + i);
+      EXPECT_EQ(ch["text"], batch[p] + want) << "prompt " << p;
+    }
+  }
+  EXPECT_EQ(many.body["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(many.body["usage"]["completion_tokens"], completion_tokens);
+  // One bad prompt refuses the batch, naming it.
+  b["prompt"] = {batch[0], {1, 99999}};
+  const Reply bad = post("/v1/completions", b);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.body["error"]["message"].get<std::string>().rfind("prompt 1: ", 0), 0u) << bad.raw;
+  const EngineStats st = stats_when([](const EngineStats& s) { return s.requests_finished == 17; });
   EXPECT_EQ(st.kv.blocks_used, 0);
 }
 

@@ -25,8 +25,9 @@ ApiError parse_error(const std::string& body, Endpoint e = Endpoint::Completions
 TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   CompletionRequest r = parse_ok(R"({"model": "m", "prompt": "hi"})");
   EXPECT_EQ(r.model, "m");
-  EXPECT_EQ(r.prompt_text, "hi");
-  EXPECT_FALSE(r.prompt_is_tokens);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "hi");
+  EXPECT_FALSE(r.prompts[0].is_tokens);
   EXPECT_EQ(r.max_tokens, 0);
   EXPECT_EQ(r.sampling.temperature, 1.0f);
   EXPECT_EQ(r.sampling.top_p, 1.0f);
@@ -40,8 +41,9 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
                    "stream_options": {"include_usage": true}, "ignore_eos": true, "user": "u", "n": 1,
                    "logprobs": null, "presence_penalty": 0, "some_future_field": {"x": 1},
                    "kv": {"k": "int4", "v": "int8", "policy": "sinks", "budget": 256}})");
-  EXPECT_TRUE(r.prompt_is_tokens);
-  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].is_tokens);
+  EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 7);
   EXPECT_EQ(r.sampling.temperature, 0.0f);
   EXPECT_EQ(r.sampling.top_p, 0.5f);
@@ -85,8 +87,13 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_FALSE(parse_ok(R"({"model": "m", "prompt": "x", "echo": true})").prompt_only);
   EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "max_tokens": 0})").param, "max_tokens");
 
-  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompt_text, "one");
-  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompt_tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": ["one"]})").prompts[0].text, "one");
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": [[5, 6]]})").prompts[0].tokens, (std::vector<int32_t>{5, 6}));
+  // A batch: strings and token arrays, each its own prompt.
+  r = parse_ok(R"({"model": "m", "prompt": ["one", [7, 8], "three"]})");
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[1].tokens, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(r.prompts[2].text, "three");
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "top_k": -1})").sampling.top_k, 0);
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "seed": -1})").sampling.seed, ~uint64_t(0));
 }
@@ -125,7 +132,9 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": 3, "prompt": "x"})", "model", "invalid_type"},
       {R"({"model": "m"})", "prompt", "missing_required_parameter"},
       {R"({"model": "m", "prompt": []})", "prompt", "invalid_value"},
-      {R"({"model": "m", "prompt": ["a", "b"]})", "prompt", "unsupported_parameter"},
+      {R"({"model": "m", "prompt": ["a", 5]})", "prompt", "invalid_type"},
+      {R"({"model": "m", "prompt": ["a", []]})", "prompt", "invalid_value"},
+      {R"({"model": "m", "prompt": ["a", "b", "c", "d", "e"], "n": 64})", "prompt", "invalid_value"},
       {R"({"model": "m", "prompt": [1, -2]})", "prompt", "invalid_value"},
       {R"({"model": "m", "prompt": [1, 2.5]})", "prompt", "invalid_type"},
       {R"({"model": "m", "prompt": [1, "a"]})", "prompt", "invalid_type"},

@@ -88,6 +88,8 @@ struct HttpServer::Completion {
     RequestEvent last;            // that event (finish reason, usage, error)
     std::string text;             // respond_whole: the text so far
     bool echo = false;            // the echoed prompt is still to send
+    std::string echo_text;        // completions' echo: its prompt's text
+    bool first_of_prompt = false; // the first of its prompt's n choices (usage counts the prompt once)
     // Log-probabilities: entries not yet sent, the token before the next
     // one (its text depends on it after BOS), completions' next text
     // offset, and (echo) the prompt whose entries come with the first event.
@@ -100,7 +102,6 @@ struct HttpServer::Completion {
   ResponseMeta meta;
   bool include_usage = false;
   bool logprobs = false;          // asked for "logprobs"
-  std::string echo_text;          // completions' echo: the prompt's text
   std::vector<Choice> choices;
   std::map<RequestId, size_t> choice_of;  // engine request -> its choice
   std::shared_ptr<EventQueue> events = std::make_shared<EventQueue>();
@@ -112,11 +113,15 @@ struct HttpServer::Completion {
   bool all_finished() const {
     return std::all_of(choices.begin(), choices.end(), [](const Choice& x) { return x.finished; });
   }
-  // The usage of all choices: the prompt once, the completions summed.
+  // The usage of all choices: each prompt once, the completions summed.
   RequestUsage usage() const {
-    RequestUsage u = choices[0].last.usage;
-    u.completion_tokens = 0;
-    for (const Choice& x : choices) u.completion_tokens += x.last.usage.completion_tokens;
+    RequestUsage u;
+    for (const Choice& x : choices) {
+      u.completion_tokens += x.last.usage.completion_tokens;
+      if (!x.first_of_prompt) continue;
+      u.prompt_tokens += x.last.usage.prompt_tokens;
+      u.cached_tokens += x.last.usage.cached_tokens;
+    }
     return u;
   }
 };
@@ -364,7 +369,7 @@ std::string HttpServer::metrics_text() const {
   return render_metrics(engine_.stats(), m);
 }
 
-std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request* r) const {
+std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t prompt, Request* r) const {
   const bool chat = cr.endpoint == Endpoint::ChatCompletions;
   const std::string param = chat ? "messages" : "prompt";
   if (chat) {
@@ -376,15 +381,15 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, Request
     } catch (const Error& e) {
       return invalid_request(e.what(), "messages", "invalid_value");
     }
-  } else if (cr.prompt_is_tokens) {
-    r->prompt = cr.prompt_tokens;
+  } else if (cr.prompts[prompt].is_tokens) {
+    r->prompt = cr.prompts[prompt].tokens;
     const int32_t vocab = engine_.config().vocab_size;
     for (int32_t t : r->prompt)
       if (t >= vocab) return invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", t, vocab),
                                              "prompt", "invalid_value");
   } else {
     if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt", "invalid_value");
-    r->prompt = tokenizer_->encode(cr.prompt_text, tokenizer_->add_bos_default());
+    r->prompt = tokenizer_->encode(cr.prompts[prompt].text, tokenizer_->add_bos_default());
   }
   if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param, "invalid_value");
   r->pin_prefix = cr.kv.pin;
@@ -580,32 +585,44 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     send_error(res, *e);
     return;
   }
-  Request r;
-  if (auto e = prepare(cr, &r)) {
-    send_error(res, *e);
-    return;
+  // One engine request per prompt (chat: one) and choice.
+  const size_t n_prompts = endpoint == Endpoint::ChatCompletions ? 1 : cr.prompts.size();
+  std::vector<Request> prompts(n_prompts);
+  for (size_t p = 0; p < n_prompts; ++p) {
+    if (auto e = prepare(cr, p, &prompts[p])) {
+      if (n_prompts > 1) e->message = fmt::format("prompt {}: {}", p, e->message);
+      send_error(res, *e);
+      return;
+    }
+    prompts[p].tenant = auth.tenant;
   }
-  r.tenant = auth.tenant;
 
   auto c = std::make_shared<Completion>();
   c->endpoint = endpoint;
   c->include_usage = cr.include_usage;
   c->logprobs = cr.logprobs >= 0;
-  if (cr.echo)
-    c->echo_text = cr.prompt_is_tokens ? (tokenizer_ ? tokenizer_->decode(r.prompt) : std::string()) : cr.prompt_text;
   c->meta.created = unix_seconds();
   c->meta.model = model_name_;
-  c->choices.resize(size_t(cr.n));
-  for (Completion::Choice& x : c->choices) {
-    x.prev_token = r.prompt.back();
+  // Choice p * n + i: prompt p's i-th (vLLM's order).
+  c->choices.resize(n_prompts * size_t(cr.n));
+  for (size_t k = 0; k < c->choices.size(); ++k) {
+    Completion::Choice& x = c->choices[k];
+    const size_t p = k / size_t(cr.n);
+    const std::vector<int32_t>& prompt = prompts[p].prompt;
+    x.first_of_prompt = k % size_t(cr.n) == 0;
+    x.prev_token = prompt.back();
     x.echo = cr.echo;
-    if (cr.echo && c->logprobs) x.prompt = r.prompt;
+    if (cr.echo) {
+      const CompletionRequest::Prompt& in = cr.prompts[p];
+      x.echo_text = in.is_tokens ? (tokenizer_ ? tokenizer_->decode(prompt) : std::string()) : in.text;
+      if (c->logprobs) x.prompt = prompt;
+    }
   }
-  // One engine request per choice; choice i > 0 of a seeded request samples
-  // with seed + i, so the choices differ but repeat.
-  for (int32_t i = 0; i < cr.n; ++i) {
-    Request ri = r;
-    ri.sampling.seed += uint64_t(i);
+  // Choice i > 0 of a seeded prompt samples with seed + i, so the choices
+  // differ but repeat.
+  for (int32_t i = 0; i < int32_t(c->choices.size()); ++i) {
+    Request ri = prompts[size_t(i / cr.n)];
+    ri.sampling.seed += uint64_t(i % cr.n);
     const uint64_t ticket = begin_request();
     ri.on_event = [events = c->events, this, ticket](const RequestEvent& e) {
       events->push(e);
@@ -653,7 +670,7 @@ std::string HttpServer::event_text(Completion& c, size_t i, const RequestEvent& 
   std::string text = x.utf8.push(e.text);
   if (!x.echo) return text;
   x.echo = false;  // the first event: the prompt goes first
-  return c.echo_text + text;
+  return x.echo_text + text;
 }
 
 void HttpServer::add_logprobs(Completion& c, size_t i, const RequestEvent& e) const {

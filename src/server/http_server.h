@@ -104,8 +104,9 @@ class HttpServer {
                          Endpoint endpoint);
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
   void handle_cache_events(const httplib::Request& req, httplib::Response& res);
-  // Prompt tokens and max_tokens of a parsed request, or the 400.
-  std::optional<ApiError> prepare(const CompletionRequest& cr, Request* out) const;
+  // The engine request for prompt `prompt` of a parsed request (chat: its
+  // messages), or the 400.
+  std::optional<ApiError> prepare(const CompletionRequest& cr, size_t prompt, Request* out) const;
   void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
   void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c);
   bool stream_step(Completion& c, std::string* out);  // true when the last event was written into *out

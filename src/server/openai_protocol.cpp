@@ -103,29 +103,34 @@ int32_t token_id(const json& v, const std::string& param) {
   return int32_t(t);
 }
 
+// One prompt: a string, or a non-empty array of token ids.
+CompletionRequest::Prompt parse_one_prompt(const json& p, const std::string& param) {
+  CompletionRequest::Prompt out;
+  if (p.is_string()) {
+    out.text = p.get<std::string>();
+    return out;
+  }
+  if (!p.is_array()) wrong_type(param, "a string or an array of token ids", p);
+  if (p.empty()) reject(fmt::format("'{}' must not be empty", param), param);
+  out.is_tokens = true;
+  out.tokens.reserve(p.size());
+  for (const json& t : p) out.tokens.push_back(token_id(t, param));
+  return out;
+}
+
+// "prompt": a string, token ids, or a batch: an array of strings or of
+// token-id arrays.
 void parse_prompt(const json& body, CompletionRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) reject("'prompt' is required", "prompt", "missing_required_parameter");
-  if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
+  if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    for (const json& x : *p) {
+      if (!x.is_string() && !x.is_array()) wrong_type("prompt", "an array of strings or of token-id arrays", x);
+      r.prompts.push_back(parse_one_prompt(x, "prompt"));
+    }
     return;
   }
-  if (!p->is_array()) wrong_type("prompt", "a string or an array of token ids", *p);
-  if (p->empty()) reject("'prompt' must not be empty", "prompt");
-  const json* tokens = p;
-  if ((*p)[0].is_string() || (*p)[0].is_array()) {
-    // A batch of prompts: kvserve serves one prompt per request.
-    if (p->size() != 1) unsupported("prompt", "more than one prompt per request");
-    if ((*p)[0].is_string()) {
-      r.prompt_text = (*p)[0].get<std::string>();
-      return;
-    }
-    tokens = &(*p)[0];
-    if (tokens->empty()) reject("'prompt' must not be empty", "prompt");
-  }
-  r.prompt_is_tokens = true;
-  r.prompt_tokens.reserve(tokens->size());
-  for (const json& t : *tokens) r.prompt_tokens.push_back(token_id(t, "prompt"));
+  r.prompts.push_back(parse_one_prompt(*p, "prompt"));
 }
 
 std::string message_content(const json& m, const std::string& role, size_t index) {
@@ -363,6 +368,10 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   parse_penalties(body, r);
   parse_logprobs(body, r);
   r.n = read_int(body, "n", 1, kMaxChoices, 1);
+  if (r.prompts.size() * size_t(r.n) > kMaxChoicesPerRequest)
+    reject(fmt::format("{} prompts x n = {} is more than {} choices per request", r.prompts.size(),
+                       r.prompts.size() * size_t(r.n), kMaxChoicesPerRequest),
+           "prompt");
 
   r.stream = read_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {

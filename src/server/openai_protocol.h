@@ -53,10 +53,14 @@ struct KvRequest {
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::string model;
-  // Completions: a text prompt, or token ids when prompt_is_tokens.
-  std::string prompt_text;
-  std::vector<int32_t> prompt_tokens;
-  bool prompt_is_tokens = false;
+  // Completions: one prompt or a batch of them (each a text, or token ids
+  // when is_tokens); each gets n choices.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> tokens;
+    bool is_tokens = false;
+  };
+  std::vector<Prompt> prompts;
   std::vector<ChatMessage> messages;      // chat; "developer" is read as system, text parts joined
   int32_t max_tokens = 0;                 // 0 = not given: the endpoint's default applies
   SamplerOptions sampling;                // OpenAI's defaults: temperature 1, top_p 1; top_k 0 (all)
@@ -82,6 +86,7 @@ struct CompletionRequest {
 
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr int32_t kMaxChoices = 64;
+inline constexpr size_t kMaxChoicesPerRequest = 256;  // prompts x n
 inline constexpr size_t kMaxStopTokenIds = 64;
 inline constexpr size_t kMaxLogitBias = 300;  // OpenAI's limit
 
