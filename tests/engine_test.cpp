@@ -523,6 +523,42 @@ TEST_F(EngineTest, FullQueueSaysSoAndCancelledRequestsReturnTheirBlocks) {
   EXPECT_EQ(engine.stats().finished_cancelled, 3);
 }
 
+// A completion's choices go in together or not at all: the queue decides
+// for the whole group (a helper saw n = 9 on an idle server with room for 8
+// waiting get 200 or 429 by timing, rolled-back choices refusing others).
+TEST_F(EngineTest, RequestGroupsAreQueuedWhollyOrNotAtAll) {
+  EngineOptions o;
+  o.threads = 1;
+  o.max_waiting = 4;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  auto group = [&](int n) {
+    std::vector<Request> g;
+    for (int i = 0; i < n; ++i) g.push_back(request("Once upon a time", 4, out));
+    return g;
+  };
+  const SubmitBatchResult too_many = engine.submit_all(group(5));  // never fits
+  EXPECT_EQ(too_many.status, SubmitResult::Status::Invalid);
+  EXPECT_NE(too_many.error.find("more than the waiting queue holds (4)"), std::string::npos) << too_many.error;
+  std::vector<Request> bad = group(3);
+  bad[2].max_tokens = 0;
+  const SubmitBatchResult invalid = engine.submit_all(std::move(bad));
+  EXPECT_EQ(invalid.status, SubmitResult::Status::Invalid);
+  EXPECT_EQ(invalid.error.rfind("request 2: ", 0), 0u) << invalid.error;
+  ASSERT_EQ(engine.submit(request("Lily", 4, out)).status, SubmitResult::Status::Accepted);
+  EXPECT_EQ(engine.submit_all(group(4)).status, SubmitResult::Status::QueueFull);  // 1 + 4 > 4: none queued
+  const SubmitBatchResult ok = engine.submit_all(group(3));
+  ASSERT_EQ(ok.status, SubmitResult::Status::Accepted);
+  EXPECT_EQ(ok.ids.size(), 3u);
+  engine.run_until_idle();
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.requests_submitted, 4);
+  EXPECT_EQ(st.requests_finished, 4);
+  EXPECT_EQ(st.finished_cancelled, 0);
+  EXPECT_EQ(st.requests_rejected, 1);
+  EXPECT_EQ(out.size(), 4u);
+}
+
 TEST_F(EngineTest, BackgroundThreadServesConcurrentSubmitters) {
   EngineOptions o;
   o.threads = 1;

@@ -620,6 +620,29 @@ TEST_F(HttpServerTest, SeveralChoicesAndPromptsPerRequest) {
   EXPECT_EQ(st.kv.blocks_used, 0);
 }
 
+// The waiting queue takes a request's choices together: on an idle server n
+// up to --max-waiting is always accepted, and more is a 400 (a retry could
+// never succeed) that submits nothing.
+TEST_F(HttpServerTest, ChoicesFitTheWaitingQueueTogether) {
+  EngineOptions eo;
+  eo.max_waiting = 6;
+  start(eo);
+  json body = completion("Once upon a time", 4);
+  body["n"] = 6;
+  for (int round = 0; round < 3; ++round) {
+    const Reply r = post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    stats_when([&](const EngineStats& s) { return s.requests_finished == 6 * (round + 1); });
+  }
+  body["n"] = 7;
+  const Reply r = post("/v1/completions", body);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("waiting queue"), std::string::npos) << r.raw;
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(st.requests_submitted, 18);
+  EXPECT_EQ(st.finished_cancelled, 0);
+}
+
 TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   start();
   ASSERT_NE(server_->chat_template(), nullptr);

@@ -261,11 +261,45 @@ SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t tot
   return fp;
 }
 
-SubmitResult Engine::submit(Request r) {
-  const ModelConfig& c = model_.config();
+SubmitResult Engine::submit(Request request) {
+  std::vector<Request> one;
+  one.push_back(std::move(request));
+  SubmitBatchResult b = submit_all(std::move(one));
+  return {b.status, b.ids.empty() ? 0 : b.ids[0], std::move(b.error)};
+}
+
+SubmitBatchResult Engine::submit_all(std::vector<Request> requests) {
   auto invalid = [](std::string message) {
-    return SubmitResult{SubmitResult::Status::Invalid, 0, std::move(message)};
+    return SubmitBatchResult{SubmitResult::Status::Invalid, {}, std::move(message)};
   };
+  if (requests.empty()) return invalid("no requests");
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (std::optional<std::string> e = check(requests[i]))
+      return invalid(requests.size() > 1 ? fmt::format("request {}: {}", i, *e) : *e);
+  if (int64_t(requests.size()) > options_.max_waiting)
+    return invalid(fmt::format("{} sequences at once are more than the waiting queue holds ({})", requests.size(),
+                               options_.max_waiting));
+
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  if (stopping_) return SubmitBatchResult{SubmitResult::Status::QueueFull, {}, "the server is shutting down"};
+  if (int64_t(inbox_.requests.size()) + waiting_.load() + int64_t(requests.size()) > options_.max_waiting) {
+    std::lock_guard<std::mutex> s(stats_mutex_);
+    ++stats_.requests_rejected;
+    return SubmitBatchResult{SubmitResult::Status::QueueFull, {}, "too many requests are waiting"};
+  }
+  SubmitBatchResult out;
+  for (Request& r : requests) {
+    const RequestId id = next_id_++;
+    inbox_.requests.push_back(std::make_unique<Sequence>(id, std::move(r), next_order_++, now()));
+    out.ids.push_back(id);
+  }
+  inbox_cv_.notify_one();
+  return out;
+}
+
+std::optional<std::string> Engine::check(Request& r) const {
+  const ModelConfig& c = model_.config();
+  auto invalid = [](std::string message) { return std::optional<std::string>(std::move(message)); };
   if (r.prompt.empty()) return invalid("the prompt has no tokens");
   for (int32_t t : r.prompt)
     if (t < 0 || t >= c.vocab_size)
@@ -313,18 +347,7 @@ SubmitResult Engine::submit(Request r) {
     return invalid(fmt::format("logprobs must be between 0 and {} (got {})", kMaxTopLogprobs, r.logprobs));
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
     return invalid(fmt::format("min_tokens ({}) must be between 0 and max_tokens ({})", r.min_tokens, r.max_tokens));
-
-  std::lock_guard<std::mutex> lock(inbox_mutex_);
-  if (stopping_) return SubmitResult{SubmitResult::Status::QueueFull, 0, "the server is shutting down"};
-  if (int64_t(inbox_.requests.size()) + waiting_.load() >= options_.max_waiting) {
-    std::lock_guard<std::mutex> s(stats_mutex_);
-    ++stats_.requests_rejected;
-    return SubmitResult{SubmitResult::Status::QueueFull, 0, "too many requests are waiting"};
-  }
-  const RequestId id = next_id_++;
-  inbox_.requests.push_back(std::make_unique<Sequence>(id, std::move(r), next_order_++, now()));
-  inbox_cv_.notify_one();
-  return SubmitResult{SubmitResult::Status::Accepted, id, {}};
+  return std::nullopt;
 }
 
 void Engine::cancel(RequestId id) {

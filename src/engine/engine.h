@@ -95,6 +95,13 @@ struct SubmitResult {
   std::string error;              // with Invalid: what is wrong, for the client
 };
 
+// What submit_all says: every request queued (ids in order) or none.
+struct SubmitBatchResult {
+  SubmitResult::Status status = SubmitResult::Status::Accepted;
+  std::vector<RequestId> ids;     // with Accepted
+  std::string error;              // with Invalid or QueueFull
+};
+
 // A consistent snapshot of the engine's counters (totals since start).
 struct EngineStats {
   int64_t requests_submitted = 0;
@@ -149,6 +156,11 @@ class Engine {
   // range, max_tokens < 1, prompt + max_tokens past the context length or the
   // whole KV cache, bad sampling options, empty stop strings.
   SubmitResult submit(Request request);
+  // Several requests as one (a completion's n choices and batched prompts):
+  // all are checked, then queued together, or none is. QueueFull when they
+  // do not all fit the waiting queue now; Invalid when one is invalid (named
+  // by index) or there are more than the queue could ever hold.
+  SubmitBatchResult submit_all(std::vector<Request> requests);
   // Asks for a request to end; its final event has FinishReason::Cancelled and
   // its blocks go back to the cache. Unknown or finished ids are ignored.
   void cancel(RequestId id);
@@ -192,6 +204,8 @@ class Engine {
   void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {},
               std::optional<TokenLogprobs> logprobs = std::nullopt);
   void on_logits(Sequence* seq, const float* logits);
+  // Why a request cannot be served, or nullopt (fills in the default sparsity).
+  std::optional<std::string> check(Request& r) const;
   // Request::prompt_logprobs: the log-probabilities of the prompt tokens a
   // pass with all_logits predicted (entry e of the batch, its first slot
   // `first`), and moving them onto the request's first event.

@@ -619,7 +619,9 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     }
   }
   // Choice i > 0 of a seeded prompt samples with seed + i, so the choices
-  // differ but repeat.
+  // differ but repeat. All are queued together or none is.
+  std::vector<Request> requests;
+  std::vector<uint64_t> tickets;
   for (int32_t i = 0; i < int32_t(c->choices.size()); ++i) {
     Request ri = prompts[size_t(i / cr.n)];
     ri.sampling.seed += uint64_t(i % cr.n);
@@ -628,31 +630,34 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
       events->push(e);
       if (e.finish != FinishReason::None) end_request(ticket);
     };
-    const SubmitResult s = engine_.submit(std::move(ri));
-    if (s.status != SubmitResult::Status::Accepted) {
-      end_request(ticket);
-      for (int32_t k = 0; k < i; ++k) engine_.cancel(c->choices[size_t(k)].id);  // all or none
-      if (s.status == SubmitResult::Status::Invalid) {
-        send_error(res, invalid_request(s.error, {}, "invalid_request"));
-      } else {
-        bool draining;
-        {
-          std::lock_guard<std::mutex> lock(state_mutex_);
-          draining = draining_;
-        }
-        if (draining) {
-          send_error(res, shutting_down());
-        } else {
-          res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
-          send_error(res, error_of(429, "the server is at capacity (" + s.error + "); retry later", "rate_limit_error",
-                                   "queue_full"));
-        }
+    requests.push_back(std::move(ri));
+    tickets.push_back(ticket);
+  }
+  const SubmitBatchResult s = engine_.submit_all(std::move(requests));
+  if (s.status != SubmitResult::Status::Accepted) {
+    for (uint64_t ticket : tickets) end_request(ticket);
+    if (s.status == SubmitResult::Status::Invalid) {
+      send_error(res, invalid_request(s.error, {}, "invalid_request"));
+    } else {
+      bool draining;
+      {
+        std::lock_guard<std::mutex> lock(state_mutex_);
+        draining = draining_;
       }
-      return;
+      if (draining) {
+        send_error(res, shutting_down());
+      } else {
+        res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+        send_error(res, error_of(429, "the server is at capacity (" + s.error + "); retry later", "rate_limit_error",
+                                 "queue_full"));
+      }
     }
-    set_request_id(ticket, s.id);
-    c->choices[size_t(i)].id = s.id;
-    c->choice_of[s.id] = size_t(i);
+    return;
+  }
+  for (size_t i = 0; i < s.ids.size(); ++i) {
+    set_request_id(tickets[i], s.ids[i]);
+    c->choices[i].id = s.ids[i];
+    c->choice_of[s.ids[i]] = i;
   }
   c->meta.id = fmt::format("{}-{}{:x}", endpoint == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_prefix_,
                            c->choices[0].id);
