@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "engine/generator.h"
+#include "reference_logits.h"
 #include "test_support.h"
 
 namespace kvserve {
@@ -480,25 +481,12 @@ TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
   const std::vector<int32_t> tokens = encode(prompt);
   // The reference: every position's logits in one pass.
   std::vector<double> want;
-  {
-    ThreadPool pool(1);
-    KvCache cache(model_->config(), KvCacheOptions{});
-    Transformer tf(*model_, pool);
-    BlockTable table;
-    ASSERT_TRUE(cache.reserve(table, int32_t(tokens.size())));
-    std::vector<BatchEntry> batch(1);
-    batch[0].table = &table;
-    batch[0].tokens = tokens;
-    batch[0].all_logits = true;
-    Logits logits;
-    tf.forward(batch, cache, logits);
-    for (size_t p = 0; p + 1 < tokens.size(); ++p) {
-      const float* row = logits.row(int32_t(p));
-      double z = 0;
-      for (int32_t v = 0; v < logits.vocab; ++v) z += std::exp(double(row[v]));
-      want.push_back(double(row[tokens[p + 1]]) - std::log(z));
-    }
-    cache.release(table);
+  const Logits logits = testing_files::every_position_logits(*model_, tokens);
+  for (size_t p = 0; p + 1 < tokens.size(); ++p) {
+    const float* row = logits.row(int32_t(p));
+    double z = 0;
+    for (int32_t v = 0; v < logits.vocab; ++v) z += std::exp(double(row[v]));
+    want.push_back(double(row[tokens[p + 1]]) - std::log(z));
   }
   json body = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}};
   for (int round = 0; round < 2; ++round) {  // the second finds the prompt in the prefix cache
