@@ -425,8 +425,6 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   const std::span<const int32_t> all(seq->tokens());
   const SamplingContext context{all.first(size_t(seq->num_prompt())), all.subspan(size_t(seq->num_prompt())), banned};
   const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size, context);
-  std::optional<TokenLogprobs> logprobs;
-  if (r.logprobs >= 0) logprobs = token_logprobs(logits, model_.config().vocab_size, next, r.logprobs);
   const double t = now();
   if (seq->first_token_seconds == 0) {
     seq->first_token_seconds = t;
@@ -443,6 +441,9 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
     finish(seq, FinishReason::Stop, -1, seq->take_held_text());
     return;
   }
+  // Only for tokens the client sees (an end token has none).
+  std::optional<TokenLogprobs> logprobs;
+  if (r.logprobs >= 0) logprobs = token_logprobs(logits, model_.config().vocab_size, next, r.logprobs);
   const int32_t prev = seq->tokens().back();
   const Sequence::Appended a = seq->append(next, tokenizer_ ? tokenizer_->decode_piece(prev, next) : std::string());
   ++local_.generated_tokens;

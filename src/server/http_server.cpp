@@ -612,11 +612,15 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     x.first_of_prompt = k % size_t(cr.n) == 0;
     x.prev_token = prompt.back();
     x.echo = cr.echo;
-    if (cr.echo) {
-      const CompletionRequest::Prompt& in = cr.prompts[p];
-      x.echo_text = in.is_tokens ? (tokenizer_ ? tokenizer_->decode(prompt) : std::string()) : in.text;
-      if (c->logprobs) x.prompt = prompt;
+    if (!cr.echo) continue;
+    if (!x.first_of_prompt) {  // the prompt's first choice has its text already
+      x.echo_text = c->choices[k - k % size_t(cr.n)].echo_text;
+    } else if (cr.prompts[p].is_tokens) {
+      x.echo_text = tokenizer_ ? tokenizer_->decode(prompt) : std::string();
+    } else {
+      x.echo_text = cr.prompts[p].text;
     }
+    if (c->logprobs) x.prompt = prompt;
   }
   // Choice i > 0 of a seeded prompt samples with seed + i, so the choices
   // differ but repeat. All are queued together or none is.
@@ -684,23 +688,21 @@ void HttpServer::add_logprobs(Completion& c, size_t i, const RequestEvent& e) co
   auto text = [&](int32_t token) {
     return tokenizer_ ? tokenizer_->decode_piece(x.prev_token, token) : fmt::format("token_id:{}", token);
   };
+  // One token's entry, its alternatives' texts after the same predecessor.
+  auto add = [&](const TokenLogprobs& t) {
+    LogprobEntry entry{text(t.token), t.logprob, {}};
+    for (const auto& [token, lp] : t.top) entry.top.emplace_back(text(token), lp);
+    x.prev_token = t.token;
+    x.pending.push_back(std::move(entry));
+  };
   if (!x.prompt.empty()) {  // echo: the prompt's entries, the first unscored
     x.prev_token = -1;
     x.pending.push_back({text(x.prompt[0]), 0, {}, false});
     x.prev_token = x.prompt[0];
-    for (const TokenLogprobs& p : e.prompt_logprobs) {
-      LogprobEntry entry{text(p.token), p.logprob, {}};
-      for (const auto& [token, lp] : p.top) entry.top.emplace_back(text(token), lp);
-      x.prev_token = p.token;
-      x.pending.push_back(std::move(entry));
-    }
+    for (const TokenLogprobs& p : e.prompt_logprobs) add(p);
     x.prompt.clear();
   }
-  if (!e.logprobs) return;
-  LogprobEntry entry{text(e.logprobs->token), e.logprobs->logprob, {}};
-  for (const auto& [token, lp] : e.logprobs->top) entry.top.emplace_back(text(token), lp);
-  x.prev_token = e.logprobs->token;
-  x.pending.push_back(std::move(entry));
+  if (e.logprobs) add(*e.logprobs);
 }
 
 json HttpServer::take_logprobs(Completion& c, size_t i) const {

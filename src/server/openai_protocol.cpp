@@ -246,12 +246,12 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
 // OpenAI's presence and frequency penalties, vLLM's repetition_penalty,
 // min_p and min_tokens.
 void parse_penalties(const json& body, CompletionRequest& r) {
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+  for (auto [penalty, out] : {std::pair{"presence_penalty", &r.sampling.presence_penalty},
+                              std::pair{"frequency_penalty", &r.sampling.frequency_penalty}}) {
     const double p = read_number(body, penalty, 0);
     if (!(p >= -2 && p <= 2)) reject(fmt::format("'{}' must be between -2 and 2", penalty), penalty);
+    *out = float(p);
   }
-  r.sampling.presence_penalty = float(read_number(body, "presence_penalty", 0));
-  r.sampling.frequency_penalty = float(read_number(body, "frequency_penalty", 0));
   const double rp = read_number(body, "repetition_penalty", 1);
   if (!(rp > 0 && rp <= 100)) reject("'repetition_penalty' must be in (0, 100]", "repetition_penalty");
   r.sampling.repetition_penalty = float(rp);
