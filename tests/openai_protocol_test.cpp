@@ -251,6 +251,16 @@ TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {
   const std::vector<LogprobEntry> utf8 = {{"caf", -1.0f, {}}, {"\xC3\xA9", -1.0f, {}}, {" a", -1.0f, {}},
                                           {"\xC3", -1.0f, {}}, {"\xA9", -1.0f, {}}, {"!", -1.0f, {}}};
   EXPECT_EQ(logprobs_json(Endpoint::Completions, utf8, 0)["text_offset"], json::parse("[0, 3, 4, 6, 7, 7]"));
+  // A token that is not whole UTF-8 is spelled bytes:\xNN, as OpenAI does,
+  // not a lossy U+FFFD; chat's bytes stay exact.
+  const json split = logprobs_json(Endpoint::Completions, utf8, 0);
+  EXPECT_EQ(split["tokens"][3], "bytes:\\xc3");
+  EXPECT_EQ(split["tokens"][4], "bytes:\\xa9");
+  EXPECT_EQ(split["tokens"][1], "\xC3\xA9");
+  EXPECT_TRUE(split["top_logprobs"][3].contains("bytes:\\xc3"));
+  const json chat_split = logprobs_json(Endpoint::ChatCompletions, {utf8[3]}, 0)["content"][0];
+  EXPECT_EQ(chat_split["token"], "bytes:\\xc3");
+  EXPECT_EQ(chat_split["bytes"], json::parse("[195]"));
   EXPECT_EQ(completion_response(Endpoint::Completions, meta, "abc", "length", usage, json{{"x", 1}})["choices"][0]
                 ["logprobs"], json({{"x", 1}}));
   const json u = usage_chunk(Endpoint::Completions, meta, usage);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/utf8_stream.h"
+
 namespace kvserve {
 namespace {
 
@@ -437,6 +439,16 @@ size_t text_characters(std::string_view text) {
   return n;
 }
 
+// A token's text as the client sees it. A token that is not whole UTF-8 (a
+// byte-fallback token, part of one character) is spelled as OpenAI spells
+// it, bytes:\xe2\x80, instead of a lossy U+FFFD.
+std::string token_label(const std::string& token) {
+  if (sanitize_utf8(token) == token) return token;
+  std::string label = "bytes:";
+  for (unsigned char c : token) label += fmt::format("\\x{:02x}", c);
+  return label;
+}
+
 json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, size_t text_offset) {
   if (endpoint == Endpoint::ChatCompletions) {
     auto bytes = [](const std::string& s) {
@@ -447,14 +459,16 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
     json content = json::array();
     for (const LogprobEntry& e : entries) {
       json top = json::array();
-      for (const auto& [token, lp] : e.top) top.push_back({{"token", token}, {"logprob", lp}, {"bytes", bytes(token)}});
-      content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes(e.token)}, {"top_logprobs", top}});
+      for (const auto& [token, lp] : e.top)
+        top.push_back({{"token", token_label(token)}, {"logprob", lp}, {"bytes", bytes(token)}});
+      content.push_back(
+          {{"token", token_label(e.token)}, {"logprob", e.logprob}, {"bytes", bytes(e.token)}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   for (const LogprobEntry& e : entries) {
-    tokens.push_back(e.token);
+    tokens.push_back(token_label(e.token));
     offsets.push_back(text_offset);
     text_offset += text_characters(e.token);
     if (!e.scored) {
@@ -467,8 +481,8 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
     // the same text keep the more likely (OpenAI returns up to N + 1).
     json top = json::object();
     for (const auto& [token, lp] : e.top)
-      if (!top.contains(token)) top[token] = lp;
-    if (!top.contains(e.token)) top[e.token] = e.logprob;
+      if (!top.contains(token_label(token))) top[token_label(token)] = lp;
+    if (!top.contains(token_label(e.token))) top[token_label(e.token)] = e.logprob;
     top_logprobs.push_back(std::move(top));
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
