@@ -741,11 +741,17 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
       x.text += x.utf8.finish();
       x.finished = true;
       x.last = std::move(e);
-      if (x.last.finish != FinishReason::Stop && x.last.finish != FinishReason::Length && !failed) failed = &x;
+      if (x.last.finish != FinishReason::Stop && x.last.finish != FinishReason::Length) {
+        failed = &x;
+        break;
+      }
     }
-    c->finished = c->all_finished();
+    c->finished = failed || c->all_finished();
   }
   if (failed) {
+    // The response is an error whatever the other choices make: stop them
+    // now, as the streamed path does, instead of letting them run out.
+    cancel_unfinished(*c);
     send_error(res, finish_error(failed->last));
     return;
   }
