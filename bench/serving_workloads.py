@@ -9,7 +9,9 @@ usage: bench/serving_workloads.py SMALL_MODEL BIG_MODEL [PART ...]
          hotburst (issue 5: pinned vs unpinned hot prompt), aware (issue 6:
          prefix-aware scheduling on/off), budget (issue 6:
          sequences running in 256 MiB, FP16 without sharing vs INT4 with it),
-         returning (issue 7: returning conversations, memory only vs tiers)
+         returning (issue 7: returning conversations, memory only vs tiers),
+         replay (what a preemption costs: recomputed tokens with the prefix
+         cache off, on, and on over a host tier)
   (from the project root, after scripts/build.sh). Prints markdown tables and
   the JSON of every run to stderr.
 """
@@ -123,14 +125,32 @@ def returning(small, _big):
                                                        j["prefill_tokens_computed"], j["ttft_p50_ms"]))
 
 
+def replay(_small, big):
+    print("\n#### Preemption replay: 16 requests with their own 256-token prompts, 128 generated, 40 MiB of FP16 KV\n")
+    print("| prefix cache | tiers | preemptions | tokens recomputed after preemptions | blocks loaded from tiers | "
+          "seconds | output tok/s | TTFT p50 s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for cache, tiers in (("off", ""), ("on", ""), ("on", "host:256MiB")):
+        extra = ["--kv-tiers", tiers] if tiers else []
+        # 16 tenants: every request has its own system prompt, so the only
+        # hits are a preempted request finding its own blocks again.
+        j = run(big, "--workload", "shared-prefix", "--requests", 16, "--tenants", 16, "--prefix-tokens", 192,
+                "--suffix-tokens", 64, "--max-tokens", 128, "--concurrency", 16, "--max-num-seqs", 16,
+                "--kv-memory", "40MiB", "--kv-preset", "fp16", "--threads", 2, "--prefix-cache", cache, *extra)
+        recomputed = j["prefill_tokens_computed"] - (j["prompt_tokens"] - j["cached_tokens"])
+        print("| %s | %s | %d | %d | %d | %.1f | %.1f | %.1f |" % (
+            cache, tiers or "none", j["preemptions"], recomputed, j.get("tier_blocks_loaded", 0), j["seconds"],
+            j["output_tok_s"], j["ttft_p50_ms"] / 1e3))
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     small, big = sys.argv[1], sys.argv[2]
-    parts = sys.argv[3:] or ["shared", "tenants", "hotburst", "aware", "budget", "returning"]
+    parts = sys.argv[3:] or ["shared", "tenants", "hotburst", "aware", "budget", "returning", "replay"]
     for p in parts:
         {"shared": shared, "tenants": tenants, "hotburst": hotburst, "aware": aware, "budget": budget,
-         "returning": returning}[p](small, big)
+         "returning": returning, "replay": replay}[p](small, big)
         sys.stdout.flush()
 
 

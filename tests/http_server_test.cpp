@@ -661,6 +661,61 @@ TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   EXPECT_TRUE(r.done);
 }
 
+TEST_F(HttpServerTest, TokenizeAndDetokenizeAgreeWithTheCompletionRoutes) {
+  start();
+  // A prompt: the tokens a completion of it runs (its usage counts them).
+  Reply r = post("/tokenize", {{"prompt", "Once upon a time"}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::vector<int32_t> want = encode("Once upon a time");
+  EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(r.body["count"], want.size());
+  EXPECT_EQ(r.body["max_model_len"], 512);
+  EXPECT_FALSE(r.body.contains("token_strs"));
+  Reply c = post("/v1/completions", completion("Once upon a time", 2));
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(c.body["usage"]["prompt_tokens"], r.body["count"]);
+  // Without special tokens: no BOS; the vocabulary's pieces on request.
+  r = post("/tokenize", {{"model", "stories260K"}, {"prompt", "Once upon"}, {"add_special_tokens", false},
+                         {"return_token_strs", true}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), std::vector<int32_t>(want.begin() + 1, want.begin() + 3));
+  EXPECT_EQ(r.body["token_strs"], json::parse(R"(["\u2581Once", "\u2581upon"])"));
+
+  // A chat: the template's tokens, as the chat route counts them.
+  const std::vector<ChatMessage> messages = {{"system", "You tell stories."}, {"user", "A cat."}};
+  const json chat = {{{"role", "system"}, {"content", "You tell stories."}}, {{"role", "user"}, {"content", "A cat."}}};
+  r = post("/tokenize", {{"messages", chat}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), server_->chat_template()->render(messages));
+  c = post("/v1/chat/completions", {{"model", "stories260K"}, {"messages", chat}, {"max_tokens", 1}});
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(c.body["usage"]["prompt_tokens"], r.body["count"]);
+
+  // Back to text: BOS drops out; no tokens, no text.
+  r = post("/detokenize", {{"tokens", want}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["prompt"], "Once upon a time");
+  EXPECT_EQ(post("/detokenize", {{"tokens", json::array()}}).body["prompt"], "");
+
+  // Mistakes.
+  auto refused = [&](const std::string& path, const json& body, const std::string& code, const std::string& param) {
+    const Reply x = post(path, body);
+    EXPECT_EQ(x.status, 400) << body.dump();
+    EXPECT_EQ(x.body["error"]["code"], code) << x.raw;
+    EXPECT_EQ(x.body["error"]["param"], param) << x.raw;
+  };
+  refused("/tokenize", json::object(), "missing_required_parameter", "prompt");
+  refused("/tokenize", {{"prompt", "a"}, {"messages", chat}}, "missing_required_parameter", "messages");
+  refused("/tokenize", {{"prompt", 3}}, "invalid_type", "prompt");
+  refused("/tokenize", {{"prompt", "a"}, {"model", "other"}}, "model_not_found", "model");
+  refused("/tokenize", {{"messages", chat}, {"add_generation_prompt", false}}, "unsupported_parameter",
+          "add_generation_prompt");
+  refused("/detokenize", json::object(), "missing_required_parameter", "tokens");
+  refused("/detokenize", {{"tokens", {1, 512}}}, "invalid_value", "tokens");
+  refused("/detokenize", {{"tokens", {1, -1}}}, "invalid_value", "tokens");
+  EXPECT_EQ(get("/tokenize").status, 405);
+}
+
 TEST_F(HttpServerTest, CacheEventsRouteListsStoredBlocksForRouters) {
   EngineOptions eo;
   eo.cache_event_log = 100;
@@ -904,6 +959,10 @@ TEST_F(HttpServerTest, ApiKeysMapToTenantsAndRefuseUnknownKeys) {
   EXPECT_EQ(r.status, 401);
   r = post("/v1/completions", body, {{"Authorization", "Bearer sk-beta"}});
   EXPECT_EQ(r.status, 200) << r.raw;
+  // The tokenizer routes want a key too.
+  EXPECT_EQ(post("/tokenize", {{"prompt", "A cat"}}).status, 401);
+  EXPECT_EQ(post("/detokenize", {{"tokens", {1}}}).status, 401);
+  EXPECT_EQ(post("/tokenize", {{"prompt", "A cat"}}, {{"Authorization", "Bearer sk-alpha"}}).status, 200);
   EXPECT_EQ(stats_when([](const EngineStats& s) { return s.requests_finished == 1; }).requests_submitted, 1);
 }
 

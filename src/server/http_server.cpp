@@ -62,7 +62,8 @@ struct Route {
 };
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
                              {"/v1/models", "GET"},        {"/health", "GET"},
-                             {"/metrics", "GET"},          {"/v1/kv/events", "GET"}};
+                             {"/metrics", "GET"},          {"/v1/kv/events", "GET"},
+                             {"/tokenize", "POST"},        {"/detokenize", "POST"}};
 
 // The route a path counts under in kvserve_http_responses_total (bounded label values).
 std::string route_label(const std::string& path) {
@@ -171,6 +172,12 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
            if (std::optional<std::string> body = read_body(req, res, read))
              handle_completion(req, *body, res, Endpoint::ChatCompletions);
          });
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    if (std::optional<std::string> body = read_body(req, res, read)) handle_tokenize(req, *body, res);
+  });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    if (std::optional<std::string> body = read_body(req, res, read)) handle_detokenize(req, *body, res);
+  });
   // A POST with neither Content-Length nor chunked encoding has an empty
   // body (RFC 9112); httplib would read until the client closes or its read
   // timeout fires. Answer at once.
@@ -466,14 +473,87 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   return std::nullopt;
 }
 
-void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Response& res) {
+std::optional<AuthResult> HttpServer::authenticate(const httplib::Request& req, httplib::Response& res) const {
   const AuthResult auth = keys_.authenticate(req.get_header_value("Authorization"), options_.require_api_key);
-  if (auth.status != AuthResult::Status::Ok) {
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, error_of(401, "this route needs a valid API key (Authorization: Bearer KEY)",
-                             "invalid_request_error", "invalid_api_key"));
+  if (auth.status == AuthResult::Status::Ok) return auth;
+  res.set_header("WWW-Authenticate", "Bearer");
+  send_error(res, error_of(401,
+                           auth.status == AuthResult::Status::Missing
+                               ? "this server requires an API key (Authorization: Bearer KEY)"
+                               : "the API key is not valid",
+                           "invalid_request_error", "invalid_api_key"));
+  return std::nullopt;
+}
+
+bool HttpServer::check_model(const std::string& model, httplib::Response& res) const {
+  if (model == model_name_) return true;
+  send_error(res, invalid_request(fmt::format("model '{}' is not served here; this server serves '{}' (GET /v1/models)",
+                                              model, model_name_),
+                                  "model", "model_not_found"));
+  return false;
+}
+
+void HttpServer::handle_tokenize(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  if (!authenticate(req, res)) return;
+  auto parsed = parse_tokenize_request(body);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
+    send_error(res, *e);
     return;
   }
+  const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
+  if (!t.model.empty() && !check_model(t.model, res)) return;
+  if (!tokenizer_) {
+    send_error(res, invalid_request("this model has no vocabulary, so it cannot tokenize text", t.chat ? "messages" : "prompt",
+                                    "invalid_value"));
+    return;
+  }
+  std::vector<int32_t> tokens;
+  if (t.chat) {
+    try {
+      tokens = chat_template_->render(t.messages);
+    } catch (const Error& e) {
+      send_error(res, invalid_request(e.what(), "messages", "invalid_value"));
+      return;
+    }
+  } else {
+    tokens = tokenizer_->encode(t.prompt, t.add_special_tokens && tokenizer_->add_bos_default());
+  }
+  json out = {{"count", tokens.size()}, {"max_model_len", context_length_}, {"tokens", tokens}};
+  if (t.return_token_strs) {
+    json strs = json::array();
+    for (int32_t id : tokens) strs.push_back(tokenizer_->vocab().tokens[size_t(id)]);
+    out["token_strs"] = std::move(strs);
+  }
+  send_json(res, 200, out);
+}
+
+void HttpServer::handle_detokenize(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  if (!authenticate(req, res)) return;
+  auto parsed = parse_detokenize_request(body);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
+    send_error(res, *e);
+    return;
+  }
+  const DetokenizeRequest& d = std::get<DetokenizeRequest>(parsed);
+  if (!d.model.empty() && !check_model(d.model, res)) return;
+  if (!tokenizer_) {
+    send_error(res, invalid_request("this model has no vocabulary, so it cannot detokenize", "tokens", "invalid_value"));
+    return;
+  }
+  for (int32_t id : d.tokens) {
+    if (id >= tokenizer_->vocab_size()) {
+      send_error(res, invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", id,
+                                                  tokenizer_->vocab_size()),
+                                      "tokens", "invalid_value"));
+      return;
+    }
+  }
+  // The same text a completion of these tokens carries (valid UTF-8).
+  send_json(res, 200, {{"prompt", sanitize_utf8(tokenizer_->decode(d.tokens))}});
+}
+
+void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Response& res) {
+  if (!authenticate(req, res)) return;
   if (!cache_events_) {
     send_error(res, error_of(404, "prefix-cache events are off: start the server with --kv-events N",
                              "invalid_request_error", "not_found"));
@@ -559,28 +639,15 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     }
   } guard{this, &handed_over, &res};
 
-  const AuthResult auth = keys_.authenticate(req.get_header_value("Authorization"), options_.require_api_key);
-  if (auth.status != AuthResult::Status::Ok) {
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, error_of(401,
-                             auth.status == AuthResult::Status::Missing
-                                 ? "this server requires an API key (Authorization: Bearer KEY)"
-                                 : "the API key is not valid",
-                             "invalid_request_error", "invalid_api_key"));
-    return;
-  }
+  const std::optional<AuthResult> auth = authenticate(req, res);
+  if (!auth) return;
   auto parsed = parse_completion_request(body, endpoint);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
     send_error(res, *e);
     return;
   }
   const CompletionRequest& cr = std::get<CompletionRequest>(parsed);
-  if (cr.model != model_name_) {
-    send_error(res, invalid_request(fmt::format("model '{}' is not served here; this server serves '{}' (GET /v1/models)",
-                                                cr.model, model_name_),
-                                    "model", "model_not_found"));
-    return;
-  }
+  if (!check_model(cr.model, res)) return;
   if (auto e = check_kv_request(cr.kv, kv_limits_)) {
     send_error(res, *e);
     return;
@@ -594,7 +661,7 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
       send_error(res, *e);
       return;
     }
-    prompts[p].tenant = auth.tenant;
+    prompts[p].tenant = auth->tenant;
   }
 
   auto c = std::make_shared<Completion>();

@@ -102,6 +102,13 @@ class HttpServer {
                                        const httplib::ContentReader& read) const;
   void handle_completion(const httplib::Request& req, const std::string& body, httplib::Response& res,
                          Endpoint endpoint);
+  // POST /tokenize and /detokenize (vLLM's): text or a chat to token ids, and back.
+  void handle_tokenize(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_detokenize(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // The caller's API key, or nullopt after sending the 401.
+  std::optional<AuthResult> authenticate(const httplib::Request& req, httplib::Response& res) const;
+  // Whether `model` is the served model; false after sending the 400.
+  bool check_model(const std::string& model, httplib::Response& res) const;
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
   void handle_cache_events(const httplib::Request& req, httplib::Response& res);
   // The engine request for prompt `prompt` of a parsed request (chat: its

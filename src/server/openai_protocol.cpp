@@ -313,7 +313,7 @@ void refuse_unsupported(const json& body) {
   }
 }
 
-CompletionRequest parse(std::string_view text, Endpoint endpoint) {
+json parse_object(std::string_view text) {
   json body;
   try {
     body = json::parse(text);
@@ -322,6 +322,11 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   }
   if (!body.is_object()) reject(fmt::format("the request body must be a JSON object (got {})", type_name(body)), {},
                                 "invalid_json");
+  return body;
+}
+
+CompletionRequest parse(std::string_view text, Endpoint endpoint) {
+  const json body = parse_object(text);
   CompletionRequest r;
   r.endpoint = endpoint;
   const json* model = field(body, "model");
@@ -415,6 +420,52 @@ json error_json(const ApiError& e) {
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
   try {
     return parse(body, endpoint);
+  } catch (const Rejected& r) {
+    return r.error;
+  }
+}
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view text) {
+  try {
+    const json body = parse_object(text);
+    TokenizeRequest r;
+    r.model = read_string(body, "model", "model");
+    r.return_token_strs = read_bool(body, "return_token_strs", false);
+    const bool has_prompt = field(body, "prompt") != nullptr;
+    if (has_prompt == (field(body, "messages") != nullptr))
+      reject("send either 'prompt' (text) or 'messages' (a chat)", has_prompt ? "messages" : "prompt",
+             "missing_required_parameter");
+    if (has_prompt) {
+      r.prompt = read_string(body, "prompt", "prompt");
+      r.add_special_tokens = read_bool(body, "add_special_tokens", true);
+      return r;
+    }
+    r.chat = true;
+    CompletionRequest chat;
+    parse_messages(body, chat);
+    r.messages = std::move(chat.messages);
+    // The chat endpoint always opens the assistant's turn; so does this.
+    if (!read_bool(body, "add_generation_prompt", true))
+      unsupported("add_generation_prompt", "a chat rendered without the assistant's turn (add_generation_prompt false)");
+    if (read_bool(body, "continue_final_message", false))
+      unsupported("continue_final_message", "continuing the final message");
+    return r;
+  } catch (const Rejected& r) {
+    return r.error;
+  }
+}
+
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view text) {
+  try {
+    const json body = parse_object(text);
+    DetokenizeRequest r;
+    r.model = read_string(body, "model", "model");
+    const json* t = field(body, "tokens");
+    if (!t) reject("'tokens' is required", "tokens", "missing_required_parameter");
+    if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
+    r.tokens.reserve(t->size());
+    for (const json& id : *t) r.tokens.push_back(token_id(id, "tokens"));
+    return r;
   } catch (const Rejected& r) {
     return r.error;
   }

@@ -94,6 +94,25 @@ inline constexpr size_t kMaxLogitBias = 300;  // OpenAI's limit
 [[nodiscard]] std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
                                                                                Endpoint endpoint);
 
+// POST /tokenize (vLLM's): a text prompt, or chat messages rendered as the
+// chat endpoint renders them (the assistant's turn opened).
+struct TokenizeRequest {
+  std::string model;                  // empty: not given
+  bool chat = false;                  // messages rather than prompt
+  std::string prompt;
+  bool add_special_tokens = true;     // prompt: BOS as the model adds it (messages: the template decides)
+  std::vector<ChatMessage> messages;
+  bool return_token_strs = false;     // also the vocabulary's piece of each token
+};
+[[nodiscard]] std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body);
+
+// POST /detokenize (vLLM's): token ids back to text.
+struct DetokenizeRequest {
+  std::string model;                  // empty: not given
+  std::vector<int32_t> tokens;        // may be empty
+};
+[[nodiscard]] std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body);
+
 // What every response object of one request shares.
 struct ResponseMeta {
   std::string id;        // "cmpl-…" or "chatcmpl-…"
