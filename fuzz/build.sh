@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the fuzz targets (checkpoint readers, KV store block records) with
-# clang + libFuzzer + ASan/UBSan, apart from the CMake build, and writes their
-# seed corpora. See fuzz/README.md.
+# Builds the fuzz targets (checkpoint readers, KV store block records, HTTP
+# request parsers) with clang + libFuzzer + ASan/UBSan, apart from the CMake
+# build, and writes their seed corpora. See fuzz/README.md.
 #
 #   fuzz/build.sh [BUILD_DIR]       (default: build-fuzz/ in the source tree)
 set -euo pipefail
@@ -36,4 +36,12 @@ record_srcs=(src/store/block_record.cpp src/store/block_key.cpp)
 "$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash \
   -o "$out/block_record_fuzz_seeds"
 "$out/block_record_fuzz_seeds" "$out/seeds/records"
-echo "built $out/checkpoint_fuzz and $out/block_record_fuzz; seeds in $out/seeds/{gguf,llama2c,records}"
+
+# The HTTP API's request parsers: only the protocol code (and what its
+# sampler, request and UTF-8 types need).
+request_srcs=(src/server/openai_protocol.cpp src/server/utf8_stream.cpp src/model/unicode_text.cpp src/engine/sampler.cpp)
+"$cxx" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  -fno-omit-frame-pointer fuzz/request_fuzz.cpp "${request_srcs[@]}" -lfmt -licuuc -o "$out/request_fuzz"
+"$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/request_fuzz.cpp -lfmt -o "$out/request_fuzz_seeds"
+"$out/request_fuzz_seeds" "$out/seeds/requests"
+echo "built $out/{checkpoint_fuzz,block_record_fuzz,request_fuzz}; seeds in $out/seeds/{gguf,llama2c,records,requests}"

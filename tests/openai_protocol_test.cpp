@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+
 namespace kvserve {
 namespace {
 
@@ -283,6 +286,91 @@ TEST(OpenAiProtocol, ErrorObjectsAndEvents) {
   EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
   // Invalid UTF-8 never makes serialization throw.
   EXPECT_EQ(dump_json(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+}
+
+
+// Structure-aware fuzzing (fuzz/request_fuzz.cpp is the libFuzzer target):
+// valid bodies with values swapped for values of other types and ranges,
+// keys dropped, and known keys added. Every parser must return a request or
+// a 400 with a message, never throw, and a parsed request must hold what
+// the parser promises.
+TEST(OpenAiProtocol, RandomlyMutatedBodiesParseOrGet400) {
+  const std::vector<json> seeds = {
+      json::parse(R"({"model":"m","prompt":"Once upon a time","max_tokens":16,"temperature":0.7,"top_p":0.9,
+        "top_k":40,"stop":["\n","The end"],"seed":7,"n":2,"logprobs":3,"echo":true,"stream":true,
+        "stream_options":{"include_usage":true},"presence_penalty":0.5,"frequency_penalty":-0.5,
+        "logit_bias":{"13":-100},"min_p":0.05,"repetition_penalty":1.1,"min_tokens":2,"stop_token_ids":[2]})"),
+      json::parse(R"({"model":"m","prompt":[[1,403,407],[1,261]],"max_tokens":4,"ignore_eos":true,
+        "kv":{"k":"int4","v":"int8","policy":"sinks","budget":64,"pin":true}})"),
+      json::parse(R"({"model":"m","messages":[{"role":"system","content":"You tell stories."},
+        {"role":"user","content":[{"type":"text","text":"A cat."}]}],"max_completion_tokens":30,
+        "logprobs":true,"top_logprobs":2,"response_format":{"type":"text"},"tools":[],"tool_choice":"none"})"),
+      json::parse(R"({"prompt":"Once upon","add_special_tokens":false,"return_token_strs":true})"),
+      json::parse(R"({"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true,"tokens":[1,2]})"),
+  };
+  const std::vector<json> values = {
+      nullptr, true, false, 0, -1, 1, 2, 65, 257, 2147483647, 2147483648LL, -2147483649LL,
+      json(uint64_t(9223372036854775807ULL)), json(uint64_t(18446744073709551615ULL)), 0.5, -0.0, 1e308, -1e308,
+      16.0, 1e-45, "", "x", "user", "int4", "sinks", std::string(300, 'a'), "\xC3\xA9", json::array(),
+      json::array({1}), json::array({json::array()}), json::array({"a", ""}), json::array({-5, 1 << 30}),
+      json::object(), json({{"a", 1}}), json({{"type", "text"}}), json({{"role", "user"}, {"content", 3}})};
+  const std::vector<std::string> keys = {
+      "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
+      "seed", "n", "logprobs", "top_logprobs", "echo", "stream", "stream_options", "presence_penalty",
+      "frequency_penalty", "logit_bias", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos",
+      "kv", "user", "tools", "tool_choice", "response_format", "best_of", "suffix", "add_special_tokens",
+      "return_token_strs", "add_generation_prompt", "tokens", "role", "content", "type", "text", "include_usage",
+      "k", "v", "policy", "budget", "pin"};
+  std::mt19937_64 rng(20261205);
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  // Replaces, drops or adds one value somewhere in `j`.
+  std::function<void(json&)> mutate = [&](json& j) {
+    if (j.is_object() && !j.empty() && pick(3) != 0) {
+      auto it = std::next(j.begin(), std::ptrdiff_t(pick(j.size())));
+      if (pick(4) == 0) return void(j.erase(it));
+      if (pick(2) == 0) return mutate(it.value());
+      it.value() = values[pick(values.size())];
+      return;
+    }
+    if (j.is_object()) return void(j[keys[pick(keys.size())]] = values[pick(values.size())]);
+    if (j.is_array() && !j.empty() && pick(2) == 0) return mutate(j[pick(j.size())]);
+    if (j.is_array() && pick(2) == 0) return j.push_back(values[pick(values.size())]);
+    j = values[pick(values.size())];
+  };
+  auto check_error = [](const ApiError& e, const std::string& body) {
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_FALSE(e.message.empty()) << body;
+    EXPECT_NO_THROW((void)dump_json(error_json(e))) << body;
+  };
+  int parsed = 0;
+  for (int i = 0; i < 4000; ++i) {
+    json j = seeds[pick(seeds.size())];
+    for (size_t m = 1 + pick(3); m > 0; --m) mutate(j);
+    const std::string body = j.dump();
+    for (Endpoint e : {Endpoint::Completions, Endpoint::ChatCompletions}) {
+      std::variant<CompletionRequest, ApiError> r;
+      ASSERT_NO_THROW(r = parse_completion_request(body, e)) << body;
+      if (const ApiError* err = std::get_if<ApiError>(&r)) {
+        check_error(*err, body);
+        continue;
+      }
+      ++parsed;
+      const CompletionRequest& c = std::get<CompletionRequest>(r);
+      EXPECT_TRUE(c.n >= 1 && c.n <= kMaxChoices) << body;
+      EXPECT_LE(c.stop.size(), kMaxStopStrings) << body;
+      EXPECT_LE(c.prompts.size() * size_t(c.n), kMaxChoicesPerRequest) << body;
+      EXPECT_TRUE(e == Endpoint::Completions ? !c.prompts.empty() : !c.messages.empty()) << body;
+      EXPECT_TRUE(c.sampling.temperature >= 0 && c.sampling.temperature <= 2) << body;
+      EXPECT_GE(c.max_tokens, 0) << body;
+    }
+    std::variant<TokenizeRequest, ApiError> t;
+    ASSERT_NO_THROW(t = parse_tokenize_request(body)) << body;
+    if (const ApiError* err = std::get_if<ApiError>(&t)) check_error(*err, body);
+    std::variant<DetokenizeRequest, ApiError> d;
+    ASSERT_NO_THROW(d = parse_detokenize_request(body)) << body;
+    if (const ApiError* err = std::get_if<ApiError>(&d)) check_error(*err, body);
+  }
+  EXPECT_GT(parsed, 400);  // the mutations leave many bodies valid: the checks above ran on parsed requests
 }
 
 }  // namespace
