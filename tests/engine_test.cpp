@@ -350,6 +350,14 @@ TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
   engine.run_until_idle();
   EXPECT_EQ(out[id].text, full.substr(0, at));
   EXPECT_EQ(out[id].finish, FinishReason::Stop);
+  // include_stop_str: the text ends after the match; of two matches at one
+  // place the longer counts.
+  r.include_stop_str = true;
+  r.stop = {" w", "zzz", " was"};
+  const RequestId kept = engine.submit(r).id;
+  engine.run_until_idle();
+  EXPECT_EQ(out[kept].text, full.substr(0, at + 4));
+  EXPECT_EQ(out[kept].finish, FinishReason::Stop);
   EXPECT_EQ(engine.stats().kv.blocks_used, 0);
 }
 
@@ -485,6 +493,10 @@ TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   refused([](Request& r) { r.stop_token_ids = {100000}; }, "stop token id");
   refused([](Request& r) { r.sampling.logit_bias = {{100000, 1.0f}}; }, "logit bias");
   refused([](Request& r) { r.min_tokens = 5; }, "min_tokens");
+  refused([](Request& r) { r.sampling.allowed_tokens = {100000}; }, "allowed token id");
+  refused([](Request& r) { r.sampling.bad_words = {{5, 100000}}; }, "bad word token id");
+  refused([](Request& r) { r.sampling.allowed_tokens = {7}, r.sampling.bad_words = {{7}}; }, "leave no token");
+  refused([](Request& r) { r.sampling.allowed_tokens = {2}, r.min_tokens = 1, r.max_tokens = 2; }, "leave no token");
   refused([](Request& r) { r.sampling.repetition_penalty = 0; }, "repetition");
   refused([](Request& r) { r.logprobs = 21; }, "logprobs");
   refused([](Request& r) { r.prompt_logprobs = true; }, "need logprobs");

@@ -716,6 +716,64 @@ TEST_F(HttpServerTest, TokenizeAndDetokenizeAgreeWithTheCompletionRoutes) {
   EXPECT_EQ(get("/tokenize").status, 405);
 }
 
+// vLLM's sampling extensions: bad_words, allowed_token_ids,
+// truncate_prompt_tokens and include_stop_str_in_output.
+TEST_F(HttpServerTest, VllmSamplingExtensions) {
+  start();
+  const std::string free = greedy(encode("Once upon a time"), 30).first;
+  ASSERT_NE(free.find(" Lily"), std::string::npos) << free;
+  // A bad word: the same text up to where it would start, never the word.
+  json body = completion("Once upon a time", 30);
+  body["bad_words"] = {"Lily"};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::string text = r.body["choices"][0]["text"];
+  EXPECT_EQ(text.find("Lily"), std::string::npos) << text;
+  EXPECT_EQ(text.substr(0, free.find(" Lily")), free.substr(0, free.find(" Lily")));
+  EXPECT_NE(text, free);
+
+  // Allowed tokens: each generated token is one of them (logprobs name them).
+  const std::vector<int32_t> allowed = {403, 407, 261, 378};  // " Once", " upon", " a", " time"
+  body = completion("Once upon a time", 12);
+  body["allowed_token_ids"] = allowed;
+  body["logprobs"] = 0;
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Tokenizer& tok = model_->require_tokenizer();
+  std::set<std::string> pieces;
+  for (int32_t t : allowed) pieces.insert(tok.decode_piece(5, t));
+  ASSERT_EQ(r.body["choices"][0]["logprobs"]["tokens"].size(), 12u);
+  for (const json& t : r.body["choices"][0]["logprobs"]["tokens"]) EXPECT_TRUE(pieces.count(t)) << t;
+  body["allowed_token_ids"] = {2};
+  body["min_tokens"] = 1;
+  r = post("/v1/completions", body);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("leave no token"), std::string::npos) << r.raw;
+
+  // Truncation keeps the prompt's last tokens: the same as sending them.
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a cat");
+  const std::vector<int32_t> tail(prompt.end() - 4, prompt.end());
+  body = completion("Once upon a time, there was a cat", 8);
+  body["truncate_prompt_tokens"] = 4;
+  body["echo"] = true;
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], 4);
+  const auto [want, n] = greedy(tail, 8);
+  EXPECT_EQ(r.body["choices"][0]["text"], tok.decode(tail) + want);
+  body["truncate_prompt_tokens"] = -1;  // the context length: nothing to cut here
+  r = post("/v1/completions", body);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt.size()) << r.raw;
+
+  // The stop string kept.
+  body = completion("Once upon a time", 30);
+  body["stop"] = {" Lily"};
+  body["include_stop_str_in_output"] = true;
+  r = post("/v1/completions", body);
+  EXPECT_EQ(r.body["choices"][0]["text"], free.substr(0, free.find(" Lily") + 5)) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+}
+
 TEST_F(HttpServerTest, CacheEventsRouteListsStoredBlocksForRouters) {
   EngineOptions eo;
   eo.cache_event_log = 100;

@@ -74,6 +74,18 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
   EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 3.5f}, {7, -100.0f}}));
 
+  EXPECT_FALSE(r.include_stop_str);
+  EXPECT_TRUE(r.allowed_token_ids.empty());
+  EXPECT_TRUE(r.bad_words.empty());
+  EXPECT_EQ(r.truncate_prompt_tokens, 0);
+  r = parse_ok(R"({"model": "m", "prompt": "x", "include_stop_str_in_output": true, "allowed_token_ids": [3, 9],
+                   "bad_words": ["dog", " big cat"], "truncate_prompt_tokens": 12})");
+  EXPECT_TRUE(r.include_stop_str);
+  EXPECT_EQ(r.allowed_token_ids, (std::vector<int32_t>{3, 9}));
+  EXPECT_EQ(r.bad_words, (std::vector<std::string>{"dog", " big cat"}));
+  EXPECT_EQ(r.truncate_prompt_tokens, 12);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
+
   EXPECT_EQ(r.logprobs, -1);
   EXPECT_EQ(r.n, 1);
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "n": 4, "best_of": 4})").n, 4);
@@ -172,6 +184,16 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": "m", "prompt": "x", "min_tokens": -1})", "min_tokens", "invalid_value"},
       {R"({"model": "m", "prompt": "x", "stop_token_ids": 13})", "stop_token_ids", "invalid_type"},
       {R"({"model": "m", "prompt": "x", "stop_token_ids": [13, -1]})", "stop_token_ids", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "allowed_token_ids": []})", "allowed_token_ids", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "allowed_token_ids": [3, -1]})", "allowed_token_ids", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "allowed_token_ids": 3})", "allowed_token_ids", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "bad_words": "dog"})", "bad_words", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "bad_words": ["dog", 3]})", "bad_words", "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "bad_words": [" "]})", "bad_words", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "truncate_prompt_tokens": -2})", "truncate_prompt_tokens", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "include_stop_str_in_output": 1})", "include_stop_str_in_output",
+       "invalid_type"},
       {R"({"model": "m", "prompt": "x", "use_beam_search": true})", "use_beam_search", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "guided_json": {}})", "guided_json", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "skip_special_tokens": false})", "skip_special_tokens",
@@ -320,6 +342,7 @@ TEST(OpenAiProtocol, RandomlyMutatedBodiesParseOrGet400) {
       "frequency_penalty", "logit_bias", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos",
       "kv", "user", "tools", "tool_choice", "response_format", "best_of", "suffix", "add_special_tokens",
       "return_token_strs", "add_generation_prompt", "tokens", "role", "content", "type", "text", "include_usage",
+      "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "include_stop_str_in_output",
       "k", "v", "policy", "budget", "pin"};
   std::mt19937_64 rng(20261205);
   auto pick = [&](size_t n) { return size_t(rng() % n); };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "util/error.h"
 
@@ -132,6 +133,46 @@ TEST(Sampler, ExtremeTemperaturesAndPenaltiesStayFinite) {
   }
 }
 
+// vLLM's allowed_token_ids and bad_words: outside the allowed set, or
+// completing a bad word after the generated tokens, a token is never
+// sampled; with nothing left, sample says so (-1).
+TEST(Sampler, AllowedTokensAndBadWordsRestrictWhatIsSampled) {
+  const float logits[] = {2.0f, 1.9f, -0.5f, -0.6f, 1.0f};
+  const std::vector<int32_t> prompt = {0, 3};
+  auto greedy = [&](SamplerOptions o, const std::vector<int32_t>& generated) {
+    o.temperature = 0;
+    Sampler s(o);
+    return s.sample(logits, 5, {prompt, generated, {}});
+  };
+  SamplerOptions allowed;
+  allowed.allowed_tokens = {2, 3};
+  EXPECT_EQ(greedy(allowed, {}), 2);  // the best of the allowed
+  SamplerOptions sampled = allowed;
+  sampled.seed = 9;
+  Sampler only(sampled);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 300; ++i) seen.insert(only.sample(logits, 5, {prompt, {}, {}}));
+  EXPECT_EQ(seen, (std::set<int32_t>{2, 3}));
+
+  SamplerOptions bad;
+  bad.bad_words = {{1}, {4, 0}};  // token 1 never; token 0 never right after 4
+  EXPECT_EQ(greedy(bad, {}), 0);
+  EXPECT_EQ(greedy(bad, {1, 2}), 0);
+  EXPECT_EQ(greedy(bad, {2, 4}), 4);  // 0 would complete "4 0": next best after 1 is 4
+  EXPECT_EQ(greedy(bad, {4, 2}), 0);  // the prefix must end the generated tokens
+  bad.bad_words = {{3, 4, 0}};
+  EXPECT_EQ(greedy(bad, {4}), 0);     // the prompt's 3 does not count (vLLM reads generated tokens only)
+  EXPECT_EQ(greedy(bad, {3, 4}), 1);
+
+  SamplerOptions none;
+  none.allowed_tokens = {2};
+  none.bad_words = {{2}};
+  EXPECT_EQ(greedy(none, {}), -1);
+  none.temperature = 1;
+  Sampler s(none);
+  EXPECT_EQ(s.sample(logits, 5, {prompt, {}, {}}), -1);
+}
+
 TEST(Sampler, RejectsInvalidOptions) {
   EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0}), Error);
@@ -146,6 +187,9 @@ TEST(Sampler, RejectsInvalidOptions) {
   EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.repetition_penalty = 0; })), Error);
   EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.presence_penalty = NAN; })), Error);
   EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.logit_bias = {{-1, 1.0f}}; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.allowed_tokens = {3, -1}; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.bad_words = {{}}; })), Error);
+  EXPECT_THROW(Sampler(with([](SamplerOptions& o) { o.bad_words = {{2, -3}}; })), Error);
 }
 
 }  // namespace

@@ -343,6 +343,27 @@ std::optional<std::string> Engine::check(Request& r) const {
   for (const auto& [t, bias] : r.sampling.logit_bias)
     if (t >= c.vocab_size)
       return invalid(fmt::format("logit bias token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  for (int32_t t : r.sampling.allowed_tokens)
+    if (t >= c.vocab_size)
+      return invalid(fmt::format("allowed token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  for (const std::vector<int32_t>& word : r.sampling.bad_words)
+    for (int32_t t : word)
+      if (t >= c.vocab_size)
+        return invalid(fmt::format("bad word token id {} is out of range (vocabulary of {})", t, c.vocab_size));
+  if (!r.sampling.allowed_tokens.empty()) {
+    // Some allowed token must survive the bans that hold from the first step.
+    std::vector<int32_t> left = r.sampling.allowed_tokens;
+    auto drop = [&left](int32_t t) { left.erase(std::remove(left.begin(), left.end(), t), left.end()); };
+    for (const std::vector<int32_t>& word : r.sampling.bad_words)
+      if (word.size() == 1) drop(word[0]);
+    if (r.min_tokens > 0) {
+      if (r.stop_at_eos) std::for_each(end_ids_.begin(), end_ids_.end(), drop);
+      std::for_each(r.stop_token_ids.begin(), r.stop_token_ids.end(), drop);
+    }
+    if (left.empty())
+      return invalid("allowed_token_ids leave no token to sample: every one is a bad word or an end token held back "
+                     "by min_tokens");
+  }
   if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
     return invalid(fmt::format("logprobs must be between 0 and {} (got {})", kMaxTopLogprobs, r.logprobs));
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
@@ -425,6 +446,12 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   const std::span<const int32_t> all(seq->tokens());
   const SamplingContext context{all.first(size_t(seq->num_prompt())), all.subspan(size_t(seq->num_prompt())), banned};
   const int32_t next = seq->sampler.sample(logits, model_.config().vocab_size, context);
+  if (next < 0) {
+    finish(seq, FinishReason::Error, -1, seq->take_held_text(),
+           "no token may be sampled: allowed_token_ids, bad_words and the end tokens banned before min_tokens "
+           "exclude every token");
+    return;
+  }
   const double t = now();
   if (seq->first_token_seconds == 0) {
     seq->first_token_seconds = t;

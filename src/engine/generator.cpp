@@ -74,6 +74,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
     const std::span<const int32_t> all(result.tokens);
     const int32_t next = sampler.sample(logits.row(0), logits.vocab,
                                         {all.first(size_t(result.prompt_tokens)), all.subspan(size_t(result.prompt_tokens)), {}});
+    if (next < 0) fail("the sampling options leave no token that may be sampled");
     if (options.stop_at_eos && (next == bos_id || next == eos_id)) break;
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) != options.stop_token_ids.end()) break;
     result.tokens.push_back(next);

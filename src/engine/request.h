@@ -61,6 +61,7 @@ struct Request {
   SamplerOptions sampling;
   bool stop_at_eos = true;        // stop at the tokenizer's EOS and end-of-turn tokens (and BOS, as llama2.c)
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
+  bool include_stop_str = false;  // ... or after it: the matched stop string stays in the text
   std::vector<int32_t> stop_token_ids;  // also end the generation (even with stop_at_eos false)
   // Before this many tokens are generated, the end tokens above cannot be
   // sampled and stop strings are not looked for (vLLM's min_tokens).

@@ -19,10 +19,18 @@ void SamplerOptions::validate() const {
     fail("--repetition-penalty must be > 0 (got {})", repetition_penalty);
   for (const auto& [token, bias] : logit_bias)
     if (token < 0 || !std::isfinite(bias)) fail("logit bias {} for token {} is invalid", bias, token);
+  for (int32_t token : allowed_tokens)
+    if (token < 0) fail("allowed token id {} is invalid", token);
+  for (const std::vector<int32_t>& word : bad_words) {
+    if (word.empty()) fail("a bad word has no tokens");
+    for (int32_t token : word)
+      if (token < 0) fail("bad word token id {} is invalid", token);
+  }
 }
 
 bool SamplerOptions::adjusts_logits() const {
-  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty();
+  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty() ||
+         !allowed_tokens.empty() || !bad_words.empty();
 }
 
 int32_t argmax(const float* x, int32_t n) {
@@ -66,13 +74,32 @@ const float* Sampler::adjust(const float* logits, int32_t vocab, const SamplingC
   // every adjusted logit finite (banned tokens below are the only -inf).
   constexpr float kLimit = 1e30f;
   for (float& l : adjusted_) l = std::clamp(l, -kLimit, kLimit);
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
   for (int32_t t : context.banned)
-    if (valid(t)) adjusted_[size_t(t)] = -std::numeric_limits<float>::infinity();
+    if (valid(t)) adjusted_[size_t(t)] = kBanned;
+  if (!options_.allowed_tokens.empty()) {
+    if (allowed_.size() != size_t(vocab)) {
+      allowed_.assign(size_t(vocab), 0);
+      for (int32_t t : options_.allowed_tokens)
+        if (valid(t)) allowed_[size_t(t)] = 1;
+    }
+    for (int32_t t = 0; t < vocab; ++t)
+      if (!allowed_[size_t(t)]) adjusted_[size_t(t)] = kBanned;
+  }
+  // A bad word's last token may not complete it: its other tokens end the
+  // generated text (vLLM looks at generated tokens only, not the prompt).
+  for (const std::vector<int32_t>& word : options_.bad_words) {
+    const size_t rest = word.size() - 1;
+    if (rest > context.generated.size() || !valid(word.back())) continue;
+    if (std::equal(word.begin(), word.end() - 1, context.generated.end() - long(rest)))
+      adjusted_[size_t(word.back())] = kBanned;
+  }
   return adjusted_.data();
 }
 
 int32_t Sampler::sample(const float* raw_logits, int32_t vocab, const SamplingContext& context) {
   const float* logits = adjust(raw_logits, vocab, context);
+  if (logits[argmax(logits, vocab)] == -std::numeric_limits<float>::infinity()) return -1;  // everything banned
   // Below vLLM's sampling epsilon a temperature is greedy: dividing by it
   // would overflow the logits (1e-39 sampled the last token every time).
   if (options_.temperature < kGreedyTemperature) return argmax(logits, vocab);

@@ -2,8 +2,9 @@
 // temperature-scaled sampling restricted by top-k, top-p (nucleus) and
 // min-p. Before either, the logits may be adjusted for the tokens already
 // seen: OpenAI's presence and frequency penalties, the CTRL/vLLM repetition
-// penalty and a logit bias, and tokens the caller bans (end tokens before
-// min_tokens).
+// penalty and a logit bias, and tokens that may not be sampled: outside
+// vLLM's allowed_token_ids, completing a bad word, or banned by the caller
+// (end tokens before min_tokens).
 #pragma once
 
 #include <cstdint>
@@ -32,10 +33,16 @@ struct SamplerOptions {
   // multiplied when negative. 1 = off.
   float repetition_penalty = 1.0f;
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit)
+  // vLLM's allowed_token_ids: only these may be sampled; empty = all.
+  std::vector<int32_t> allowed_tokens;
+  // vLLM's bad_words, as token sequences: the last token of a sequence may
+  // not follow the rest of it in the generated tokens (a one-token sequence
+  // is banned outright).
+  std::vector<std::vector<int32_t>> bad_words;
 
   // Throws kvserve::Error for negative temperature/top_k, top_p outside
-  // (0, 1], min_p outside [0, 1], a non-positive repetition penalty or a
-  // non-finite penalty or bias.
+  // (0, 1], min_p outside [0, 1], a non-positive repetition penalty, a
+  // non-finite penalty or bias, negative token ids or an empty bad word.
   void validate() const;
   // Whether any adjustment of the logits applies.
   bool adjusts_logits() const;
@@ -54,6 +61,8 @@ class Sampler {
   explicit Sampler(const SamplerOptions& options);
 
   // logits: (vocab) floats. Deterministic for a given seed and call sequence.
+  // -1 when the bans (allowed tokens, bad words, context.banned) leave no
+  // token to sample.
   int32_t sample(const float* logits, int32_t vocab, const SamplingContext& context = {});
 
  private:
@@ -66,6 +75,7 @@ class Sampler {
   std::vector<float> adjusted_;                        // (vocab) adjusted logits
   std::vector<int32_t> counts_;                        // (vocab) occurrences in the generated tokens
   std::vector<uint8_t> seen_;                          // (vocab) in the prompt or generated tokens
+  std::vector<uint8_t> allowed_;                       // (vocab) allowed_tokens as a mask; empty = all
 };
 
 // Index of the largest value (the lowest index among equal maxima).

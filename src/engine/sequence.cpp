@@ -22,14 +22,16 @@ Sequence::Appended Sequence::append(int32_t token, const std::string& piece) {
     out.text = take_held_text();
     return out;
   }
-  // The earliest match of any stop string ends the text there.
-  size_t cut = std::string::npos;
+  // The earliest match of any stop string ends the text there (after it
+  // with include_stop_str; of two matches at one place, the longer).
+  size_t cut = std::string::npos, matched = 0;
   for (const std::string& s : request_.stop) {
     if (s.empty()) continue;
-    cut = std::min(cut, held_.find(s));
+    const size_t at = held_.find(s);
+    if (at < cut || (at == cut && at != std::string::npos && s.size() > matched)) cut = at, matched = s.size();
   }
   if (cut != std::string::npos) {
-    out.text = held_.substr(0, cut);
+    out.text = held_.substr(0, request_.include_stop_str ? cut + matched : cut);
     held_.clear();
     out.stopped = true;
     return out;

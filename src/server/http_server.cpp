@@ -73,6 +73,17 @@ std::string route_label(const std::string& path) {
   return "other";
 }
 
+// A bad word's token sequences, as vLLM finds them: the word as it is and,
+// when that tokenizes to as many tokens with a different first one, after a
+// space (a word inside a sentence).
+void add_bad_word(const Tokenizer& tokenizer, const std::string& word, std::vector<std::vector<int32_t>>& out) {
+  const std::string bare = word.substr(word.find_first_not_of(" \t\n"));
+  const std::vector<int32_t> alone = tokenizer.encode(bare, false);
+  const std::vector<int32_t> spaced = tokenizer.encode(" " + bare, false);
+  if (!alone.empty()) out.push_back(alone);
+  if (!spaced.empty() && spaced.size() == alone.size() && spaced[0] != alone[0]) out.push_back(spaced);
+}
+
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -398,6 +409,10 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
     if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt", "invalid_value");
     r->prompt = tokenizer_->encode(cr.prompts[prompt].text, tokenizer_->add_bos_default());
   }
+  if (cr.truncate_prompt_tokens != 0) {  // vLLM's: the prompt's last N tokens (BOS may go)
+    const size_t keep = size_t(cr.truncate_prompt_tokens < 0 ? context_length_ : cr.truncate_prompt_tokens);
+    if (r->prompt.size() > keep) r->prompt.erase(r->prompt.begin(), r->prompt.end() - long(keep));
+  }
   if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param, "invalid_value");
   r->pin_prefix = cr.kv.pin;
   if (!cr.kv.policy.empty()) {
@@ -455,8 +470,15 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
     if (t >= vocab) return invalid_request(fmt::format("logit_bias token id {} is out of range (the vocabulary has {} "
                                                        "tokens)", t, vocab),
                                            "logit_bias", "invalid_value");
+  for (int32_t t : cr.allowed_token_ids)
+    if (t >= vocab) return invalid_request(fmt::format("allowed token id {} is out of range (the vocabulary has {} "
+                                                       "tokens)", t, vocab),
+                                           "allowed_token_ids", "invalid_value");
+  if (!cr.bad_words.empty() && !tokenizer_)
+    return invalid_request("this model has no vocabulary, so it cannot read bad words", "bad_words", "invalid_value");
   r->max_tokens = int32_t(max_tokens);
   r->min_tokens = cr.min_tokens;
+  r->include_stop_str = cr.include_stop_str;
   r->stop_token_ids = cr.stop_token_ids;
   r->logprobs = cr.logprobs;
   // echo with logprobs scores the prompt too; a prompt-only request needs
@@ -464,6 +486,8 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   r->prompt_logprobs = cr.echo && (cr.logprobs >= 0 || cr.prompt_only);
   if (r->prompt_logprobs) r->logprobs = std::max(cr.logprobs, 0);
   r->sampling = cr.sampling;
+  r->sampling.allowed_tokens = cr.allowed_token_ids;
+  for (const std::string& word : cr.bad_words) add_bad_word(*tokenizer_, word, r->sampling.bad_words);
   if (!cr.seed_given) {
     std::lock_guard<std::mutex> lock(seed_mutex_);
     r->sampling.seed = seeds_();
@@ -682,7 +706,7 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     if (!cr.echo) continue;
     if (!x.first_of_prompt) {  // the prompt's first choice has its text already
       x.echo_text = c->choices[k - k % size_t(cr.n)].echo_text;
-    } else if (cr.prompts[p].is_tokens) {
+    } else if (cr.prompts[p].is_tokens || cr.truncate_prompt_tokens != 0) {  // the tokens the model saw
       x.echo_text = tokenizer_ ? tokenizer_->decode(prompt) : std::string();
     } else {
       x.echo_text = cr.prompts[p].text;

@@ -264,6 +264,36 @@ void parse_penalties(const json& body, CompletionRequest& r) {
   parse_logit_bias(body, r.sampling);
 }
 
+// vLLM's allowed_token_ids, bad_words, truncate_prompt_tokens and
+// include_stop_str_in_output.
+void parse_vllm_extensions(const json& body, CompletionRequest& r) {
+  if (const json* ids = field(body, "allowed_token_ids")) {
+    if (!ids->is_array()) wrong_type("allowed_token_ids", "an array of token ids", *ids);
+    if (ids->empty()) reject("'allowed_token_ids' must not be empty", "allowed_token_ids");
+    for (const json& x : *ids) r.allowed_token_ids.push_back(token_id(x, "allowed_token_ids"));
+  }
+  if (const json* words = field(body, "bad_words")) {
+    if (!words->is_array()) wrong_type("bad_words", "an array of strings", *words);
+    if (words->size() > kMaxBadWords)
+      reject(fmt::format("'bad_words' holds at most {} words", kMaxBadWords), "bad_words");
+    for (const json& w : *words) {
+      if (!w.is_string()) wrong_type("bad_words", "an array of strings", w);
+      const std::string word = w.get<std::string>();
+      if (word.find_first_not_of(" \t\n") == std::string::npos) reject("bad words must not be blank", "bad_words");
+      r.bad_words.push_back(word);
+    }
+  }
+  if (const json* t = field(body, "truncate_prompt_tokens")) {
+    const int64_t n = as_integer(*t, "truncate_prompt_tokens");
+    if (n == 0 || n < -1 || n > std::numeric_limits<int32_t>::max())
+      reject(fmt::format("'truncate_prompt_tokens' must be a positive number of tokens, or -1 for the context length "
+                         "(got {})", n),
+             "truncate_prompt_tokens");
+    r.truncate_prompt_tokens = int32_t(n);
+  }
+  r.include_stop_str = read_bool(body, "include_stop_str_in_output", false);
+}
+
 void parse_kv(const json& body, KvRequest& kv) {
   const json* k = field(body, "kv");
   if (!k) return;
@@ -294,12 +324,10 @@ void refuse_unsupported(const json& body) {
   // dropped when they ask for something.
   if (read_bool(body, "use_beam_search", false)) unsupported("use_beam_search", "beam search");
   if (read_number(body, "length_penalty", 1) != 1) unsupported("length_penalty", "length_penalty");
-  if (read_bool(body, "include_stop_str_in_output", false))
-    unsupported("include_stop_str_in_output", "include_stop_str_in_output");
   if (!read_bool(body, "skip_special_tokens", true))
     unsupported("skip_special_tokens", "printing special tokens (skip_special_tokens false)");
   for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                             "truncate_prompt_tokens", "prompt_logprobs", "bad_words", "allowed_token_ids"})
+                             "prompt_logprobs"})
     if (field(body, guided)) unsupported(guided, guided);
   for (const char* tools : {"tools", "functions"})
     if (const json* t = field(body, tools); t && !(t->is_array() && t->empty())) unsupported(tools, "tool calling");
@@ -374,6 +402,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
   parse_logprobs(body, r);
+  parse_vllm_extensions(body, r);
   r.n = read_int(body, "n", 1, kMaxChoices, 1);
   if (r.prompts.size() * size_t(r.n) > kMaxChoicesPerRequest)
     reject(fmt::format("{} prompts x n = {} is more than {} choices per request", r.prompts.size(),

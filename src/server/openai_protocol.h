@@ -68,6 +68,11 @@ struct CompletionRequest {
   std::vector<std::string> stop;          // stop strings, each non-empty
   std::vector<int32_t> stop_token_ids;    // extension (vLLM): token ids that also end the text
   int32_t min_tokens = 0;                 // extension (vLLM): no end token or stop string before this many
+  bool include_stop_str = false;          // extension (vLLM's include_stop_str_in_output): keep the matched stop string
+  std::vector<int32_t> allowed_token_ids; // extension (vLLM): only these may be sampled; empty = all
+  std::vector<std::string> bad_words;     // extension (vLLM): words whose tokens may not be generated in a row
+  // extension (vLLM): keep only the prompt's last N tokens; 0 = off, -1 = the context length
+  int32_t truncate_prompt_tokens = 0;
   // Log-probabilities: the alternatives wanted per generated token
   // (completions' "logprobs": N; chat's "top_logprobs" with "logprobs":
   // true), -1 = none.
@@ -89,6 +94,7 @@ inline constexpr int32_t kMaxChoices = 64;
 inline constexpr size_t kMaxChoicesPerRequest = 256;  // prompts x n
 inline constexpr size_t kMaxStopTokenIds = 64;
 inline constexpr size_t kMaxLogitBias = 300;  // OpenAI's limit
+inline constexpr size_t kMaxBadWords = 256;
 
 // Parses a request body for `endpoint`. Returns the request or the 400 to send.
 [[nodiscard]] std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
