@@ -56,8 +56,8 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
   cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: static with --kv-calibration)");
   cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"");
-  cmd.add_option("--block-size", o.block_size, "KV block size in tokens (default 16; 32 with the integer presets)");
-  cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context)");
+  cmd.add_option("--block-size", o.block_size, "KV block size in tokens (default 16; 32 with the integer presets, 64 with the -small ones)");
+  cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context; see README for bench, perplexity and serve)");
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache capacity in bytes, e.g. 512MiB (instead of --kv-blocks)");
   cmd.add_option("--threads", o.threads, "threads (default: all cores)");
   cmd.add_flag("--json", o.json, "print one JSON object on stdout");

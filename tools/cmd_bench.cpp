@@ -386,6 +386,8 @@ void register_bench(CLI::App& app) {
     }
     if (a->common.model_path.empty())
       fail("--model is required (except with --attention-only, or --server URL to load-test a running server)");
+    if (a->workload_given && cmd->count("--gen-tokens"))
+      fail("--gen-tokens is the decode benchmark's; a --workload generates --max-tokens per request");
     if (cmd->count("--requests")) a->workload.requests = a->load.requests;
     if (cmd->count("--concurrency")) a->workload.concurrency = a->load.concurrency;
     if (cmd->count("--max-tokens")) a->workload.max_tokens = a->load.max_tokens;
