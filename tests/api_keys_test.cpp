@@ -43,6 +43,7 @@ TEST(ApiKeys, BadFilesNameTheLine) {
   expect_error_containing([] { (void)ApiKeys::parse("sk-a team\nsk-b\n", "k"); }, "k:2: expected `KEY TENANT`");
   expect_error_containing([] { (void)ApiKeys::parse("sk-a team extra\n", "k"); }, "k:1: expected `KEY TENANT`, found more");
   expect_error_containing([] { (void)ApiKeys::parse("sk-a te/am\n", "k"); }, "k:1: tenant 'te/am'");
+  expect_error_containing([] { (void)ApiKeys::parse("sk-a global\n", "k"); }, "reserved for the shared cache scope");
   expect_error_containing([] { (void)ApiKeys::parse("sk-a t1\nsk-a t2\n", "k"); }, "k:2: this key appears twice");
   expect_error_containing([] { (void)ApiKeys::parse("# nothing\n", "k"); }, "k holds no API keys");
   expect_error_containing([] { (void)ApiKeys::load("/nonexistent/keys"); }, "cannot open the API key file");

@@ -493,6 +493,7 @@ TEST_F(EngineTest, InvalidRequestsAreRefusedWithAReason) {
   refused([](Request& r) { r.stop_token_ids = {100000}; }, "stop token id");
   refused([](Request& r) { r.sampling.logit_bias = {{100000, 1.0f}}; }, "logit bias");
   refused([](Request& r) { r.min_tokens = 5; }, "min_tokens");
+  refused([](Request& r) { r.tenant = "global"; }, "reserved");
   refused([](Request& r) { r.sampling.allowed_tokens = {100000}; }, "allowed token id");
   refused([](Request& r) { r.sampling.bad_words = {{5, 100000}}; }, "bad word token id");
   refused([](Request& r) { r.sampling.allowed_tokens = {7}, r.sampling.bad_words = {{7}}; }, "leave no token");

@@ -4,6 +4,8 @@
 // Redis dying mid-run costs recomputation, never a request.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <map>
 
@@ -71,12 +73,17 @@ TEST_F(EngineTiersTest, RestartedEngineLoadsItsBlocksFromDisk) {
     Engine engine(*model, options("disk:" + dir + ":64MiB"));
     first = serve(engine, {"Lily"});
     EXPECT_GT(engine.stats().tier_blocks_written, 0);
+    // A cold tier's misses say nothing about what loading a block costs (one
+    // recorded as a block's cost could turn loading off).
+    EXPECT_GT(engine.stats().tier_lookups, 0);
+    EXPECT_EQ(engine.stats().tier_load_ms_per_block, 0);
   }  // the store writes what is queued before it closes
   {
     Engine engine(*model, options("disk:" + dir + ":64MiB"));
     again = serve(engine, {"Lily"});
     const EngineStats s = engine.stats();
     EXPECT_GT(s.tier_blocks_loaded, 0);
+    EXPECT_GT(s.tier_load_ms_per_block, 0);
     // Every full block but the one holding the last prompt token came from disk.
     EXPECT_EQ(again[0].usage.cached_tokens, (again[0].usage.prompt_tokens - 1) / 16 * 16);
     EXPECT_EQ(s.prefill_tokens_computed, again[0].usage.prompt_tokens - again[0].usage.cached_tokens);
@@ -88,6 +95,31 @@ TEST_F(EngineTiersTest, RestartedEngineLoadsItsBlocksFromDisk) {
   }
   EXPECT_EQ(first[0].tokens, plain[0].tokens);
   EXPECT_EQ(again[0].tokens, plain[0].tokens);
+  std::filesystem::remove_all(dir);
+}
+
+// With no secret given, a disk tier keeps one in its directory: a restarted
+// process salts tenants' keys as before and finds its blocks (a random
+// secret per process left every record unreachable).
+TEST_F(EngineTiersTest, DiskTierKeepsTheTenantSecretAcrossRestarts) {
+  const std::string dir = testing_redis::make_temp_dir("engine-secret");
+  EngineOptions o = options("disk:" + dir + ":64MiB");
+  o.tenant_secret.clear();
+  std::vector<Served> first;
+  {
+    Engine engine(*model, o);
+    first = serve(engine, {"Lily"});
+  }
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/tenant.secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 32);
+  {
+    Engine engine(*model, o);
+    const std::vector<Served> again = serve(engine, {"Lily"});
+    EXPECT_EQ(again[0].usage.cached_tokens, (again[0].usage.prompt_tokens - 1) / 16 * 16);
+    EXPECT_EQ(again[0].tokens, first[0].tokens);
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -163,6 +195,31 @@ TEST_F(EngineTiersTest, RedisKilledMidRunLosesNoRequestAndChangesNoToken) {
   // The dead tier was asked and failed (counted), and nothing came from it.
   ASSERT_EQ(s.tier.tiers.size(), 1u);
   EXPECT_GT(s.tier.tiers[0].errors, 0u);
+  std::filesystem::remove_all(dir);
+}
+
+// Under memory pressure an admission that cannot fit its prompt fetches
+// nothing: blocks fetched for it were dropped (or loaded, left idle and
+// reclaimed) and fetched again at every retry.
+TEST_F(EngineTiersTest, BlocksFetchedUnderMemoryPressureAreAllUsed) {
+  const std::vector<std::string> names = {"Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe"};
+  const std::string dir = testing_redis::make_temp_dir("engine-pressure");
+  std::vector<Served> expected;
+  {
+    Engine writer(*model, options("disk:" + dir + ":64MiB"));
+    expected = serve(writer, names);
+  }
+  EngineOptions o = options("disk:" + dir + ":64MiB");
+  o.kv.num_blocks = 7;  // one of these sequences at a time (4-5 blocks each): the others wait
+  Engine engine(*model, o);
+  std::vector<Served> got(names.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    ASSERT_EQ(engine.submit(request(names[i], "acme", got[i])).status, SubmitResult::Status::Accepted);
+  engine.run_until_idle();
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(got[i].tokens, expected[i].tokens) << names[i];
+  const EngineStats s = engine.stats();
+  EXPECT_GT(s.tier_blocks_loaded, 0);
+  EXPECT_EQ(s.tier.blocks_found, uint64_t(s.tier_blocks_loaded));
   std::filesystem::remove_all(dir);
 }
 

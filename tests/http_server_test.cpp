@@ -1003,6 +1003,12 @@ TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {
   r = get("/health");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body["status"], "ok");
+  // A second server on the same port is refused (httplib's SO_REUSEPORT let
+  // it bind and take half the connections).
+  HttpServerOptions same;
+  same.port = port_;
+  HttpServer second(*engine_, engine_options_, {}, same);
+  testing_files::expect_error_containing([&] { second.start(); }, "address in use");
 }
 
 TEST_F(HttpServerTest, ApiKeysMapToTenantsAndRefuseUnknownKeys) {

@@ -65,6 +65,9 @@ Engine::Engine(const Model& model, const EngineOptions& options)
   if (store_ || options.cache_event_log > 0)
     prefix_->set_event_listener([this](const CacheEvent& e) { on_cache_event(e); });
   tenant_secret_ = options.tenant_secret;
+  // Without one given, a disk tier's kept secret: its blocks stay findable
+  // after a restart (a fresh random one made them all unreachable).
+  if (tenant_secret_.empty() && store_) tenant_secret_ = store_->kept_secret().value_or("");
   if (tenant_secret_.empty()) {
     std::random_device rd;
     for (int i = 0; i < 32; ++i) tenant_secret_.push_back(char(rd() & 0xff));
@@ -220,11 +223,18 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
     ++local_.tier_lookups_skipped;
     return 0;
   }
+  // Fetch only when memory can hold the whole prompt now. Otherwise the
+  // admission fails after the fetch, the loaded blocks go idle, other
+  // sequences reclaim them and the next try fetches them again (a helper saw
+  // 3,215 blocks read from Redis for 437 used).
+  const int32_t prompt_blocks = cache_.blocks_for(int64_t(seq.tokens().size())) - int32_t(seq.table.blocks.size());
+  if (cache_.pool().num_available() < prompt_blocks) return 0;
+  const int32_t wanted = eligible - have;
   skipped_since_probe_ = 0;
   ++local_.tier_lookups;
   Timer timer;
   const std::vector<LoadedBlock> found =
-      store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(eligible - have)), ChainTag(seq.keys[0]));
+      store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(wanted)), ChainTag(seq.keys[0]));
   int32_t loaded = int32_t(found.size());
   // Imported blocks arrive sealed: no staging slots. No room: compute them later, or wait.
   if (loaded > 0 && !cache_.reserve(seq.table, loaded * bs, 0)) loaded = 0;
@@ -236,9 +246,13 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
     prefix_->publish(seq.scope, seq.table, seq.keys);
     stored_.clear();
   }
-  const double ms = timer.seconds() * 1e3 / double(std::max(loaded, 1));
-  tier_load_ms_.add(ms);
-  local_.tier_load_ms_per_block = tier_load_ms_.value();
+  // Only lookups that loaded blocks say what loading a block costs: a miss
+  // recorded as one block's cost made one cold miss on a slow tier turn
+  // loading off (skipped 15 lookups in 16) for blocks that were there later.
+  if (loaded > 0) {
+    tier_load_ms_.add(timer.seconds() * 1e3 / double(loaded));
+    local_.tier_load_ms_per_block = tier_load_ms_.value();
+  }
   local_.tier_blocks_loaded += loaded;
   return loaded;
 }
@@ -337,6 +351,7 @@ std::optional<std::string> Engine::check(Request& r) const {
   }
   for (const std::string& s : r.stop)
     if (s.empty()) return invalid("stop strings must not be empty");
+  if (r.tenant == "global") return invalid("the tenant name 'global' is reserved for the shared cache scope");
   for (int32_t t : r.stop_token_ids)
     if (t < 0 || t >= c.vocab_size)
       return invalid(fmt::format("stop token id {} is out of range (vocabulary of {})", t, c.vocab_size));

@@ -53,7 +53,8 @@ struct EngineOptions {
   CacheScopeKind prefix_scope = CacheScopeKind::Tenant;
   // Tenant salts are SHA-256(secret, tenant name): replicas given the same
   // secret share a tenant's blocks (through a shared tier), nobody else can
-  // derive them. Empty = a random secret per process.
+  // derive them. Empty = a disk tier's kept secret (DIR/tenant.secret,
+  // made on first use) when there is one, else a random one per process.
   std::string tenant_secret;
   int32_t tenant_quota_blocks = -1;  // cached blocks per tenant; -1 = no quota
 
@@ -130,7 +131,7 @@ struct EngineStats {
   int64_t tier_lookups_skipped = 0;     // admissions that recomputed because loading measured slower
   int64_t tier_blocks_loaded = 0;       // blocks imported from a tier instead of computed
   int64_t tier_blocks_written = 0;      // published blocks queued for the tiers
-  double tier_load_ms_per_block = 0;    // measured: lookup + import, per block found (median of the last 9 lookups)
+  double tier_load_ms_per_block = 0;    // measured: lookup + import, per block loaded (median of the last 9 lookups that loaded any)
   double recompute_ms_per_block = 0;    // measured: prefill time per block of tokens (median of the last 9 prefill steps)
   Histogram ttft = Histogram::latency_seconds();   // arrival → first token
   Histogram tpot = Histogram::latency_seconds();   // between consecutive tokens of a request

@@ -48,6 +48,8 @@ ApiKeys ApiKeys::parse(std::string_view text, const std::string& source) {
     if (words >> extra) fail("{}:{}: expected `KEY TENANT`, found more words ('{}')", source, number, extra);
     if (!valid_tenant(tenant))
       fail("{}:{}: tenant '{}' must be 1-64 characters of [A-Za-z0-9_.:-]", source, number, tenant);
+    if (tenant == "global")  // the shared scope's account in metrics and events
+      fail("{}:{}: the tenant name 'global' is reserved for the shared cache scope", source, number);
     if (!keys.tenants_.emplace(digest(key), tenant).second) fail("{}:{}: this key appears twice", source, number);
   }
   if (keys.tenants_.empty()) fail("{} holds no API keys", source);

@@ -254,6 +254,12 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
     responses_.record(route_label(req.path), res.status);
   });
   s.set_payload_max_length(options_.max_body_bytes);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which let a
+  // second server bind a port in use and take half its connections.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   s.set_tcp_nodelay(true);  // one small SSE chunk per token: send each at once
   s.set_keep_alive_timeout(options_.keep_alive_timeout_seconds);
   s.set_keep_alive_max_count(100000);

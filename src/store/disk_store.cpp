@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "util/error.h"
 
@@ -87,6 +88,31 @@ DiskStore::DiskStore(const DiskStoreOptions& options) : KvStore("disk:" + option
 }
 
 DiskStore::~DiskStore() { ::close(lock_fd_); }
+
+std::optional<std::string> DiskStore::kept_secret() {
+  const fs::path path = fs::path(options_.dir) / "tenant.secret";
+  auto read = [&]() -> std::optional<std::string> {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    char buf[64];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n < 16) fail("{} holds {} bytes; remove it to have a new secret made", path.string(), std::max<ssize_t>(n, 0));
+    return std::string(buf, size_t(n));
+  };
+  if (std::optional<std::string> s = read()) return s;
+  // Written under tmp/ and renamed: a reader never sees a partial secret.
+  std::random_device rd;
+  std::string secret;
+  for (int i = 0; i < 32; ++i) secret.push_back(char(rd() & 0xff));
+  const fs::path tmp = fs::path(options_.dir) / "tmp" / "tenant.secret";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) fail("cannot create {}: {}", tmp.string(), std::strerror(errno));
+  const bool written = ::write(fd, secret.data(), secret.size()) == ssize_t(secret.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write {}: {}", path.string(), std::strerror(errno));
+  return secret;
+}
 
 std::string DiskStore::path_of(const BlockKey& key) const {
   const std::string hex = key.hex();

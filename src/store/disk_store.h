@@ -66,6 +66,10 @@ class DiskStore final : public KvStore {
 
   // The file that holds (or would hold) the block.
   std::string path_of(const BlockKey& key) const;
+  // DIR/tenant.secret: 32 random bytes written (mode 0600) the first time
+  // they are asked for, then read back, so a restarted process with no
+  // --tenant-secret-file salts tenants' keys as before and finds its blocks.
+  std::optional<std::string> kept_secret() override;
   // Keys from least to most recently used.
   std::vector<BlockKey> keys_lru_first() const;
 

@@ -60,6 +60,11 @@ class KvStore {
 
   TierStats stats() const;
 
+  // A secret this tier keeps beside its blocks, for salting tenants' keys
+  // the same way after a restart (the disk tier's); nullopt for tiers that
+  // do not outlive the process or are shared between processes.
+  virtual std::optional<std::string> kept_secret() { return std::nullopt; }
+
  protected:
   explicit KvStore(std::string name) : name_(std::move(name)) {}
 

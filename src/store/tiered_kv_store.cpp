@@ -99,6 +99,12 @@ std::vector<std::shared_ptr<const Bytes>> TieredKvStore::pending_writes(std::spa
   return found;
 }
 
+std::optional<std::string> TieredKvStore::kept_secret() {
+  for (const std::unique_ptr<KvStore>& tier : tiers_)
+    if (std::optional<std::string> s = tier->kept_secret()) return s;
+  return std::nullopt;
+}
+
 std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, const ChainTag& chain) {
   Timer timer;
   std::vector<LoadedBlock> out;

@@ -91,6 +91,8 @@ class TieredKvStore {
   // The leading run of keys found in some tier, in key order: result[i] is
   // keys[i] for i < result.size(). Waits on the tiers (one call each).
   [[nodiscard]] std::vector<LoadedBlock> lookup(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
+  // The first tier's kept secret (KvStore::kept_secret), if any tier keeps one.
+  [[nodiscard]] std::optional<std::string> kept_secret();
   // The first tier holding each key, or -1; one contains() per tier, no data moved.
   [[nodiscard]] std::vector<int> locate(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
   // Removes the keys from every tier, after any queued writes of them.
