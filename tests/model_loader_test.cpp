@@ -432,6 +432,21 @@ TEST(ModelLoader, GgufConfigErrors) {
   GgufWriter inf_theta;
   inf_theta.set_f32("llama.rope.freq_base", INFINITY);
   expect_config_error("inf_theta.gguf", inf_theta, TinyGguf(), "must be positive and finite");
+  // What kvserve does not implement is refused, not ignored: RoPE scaling,
+  // and tensors its graph would leave out (Llama 3.1's rope_freqs, a layer
+  // past block_count, a bias).
+  GgufWriter scaled;
+  scaled.set_string("llama.rope.scaling.type", "linear");
+  scaled.set_f32("llama.rope.scaling.factor", 8.0f);
+  expect_config_error("scaled.gguf", scaled, TinyGguf(), "RoPE scaling ('linear', factor 8) is not supported");
+  GgufWriter factor_only;
+  factor_only.set_f32("llama.rope.scaling.factor", 4.0f);
+  expect_config_error("factor.gguf", factor_only, TinyGguf(), "RoPE scaling ('none', factor 4)");
+  for (const std::string name : {"rope_freqs.weight", "blk.1.attn_q.weight", "blk.0.attn_q.bias"}) {
+    GgufWriter extra;
+    extra.add_tensor(name, {2}, GgmlType::F32, std::vector<uint8_t>(8, 0));
+    expect_config_error("extra.gguf", extra, TinyGguf(), "tensor '" + name + "' is not part of the llama graph");
+  }
 }
 
 TEST(ModelLoader, GgufArchitectureIsChecked) {

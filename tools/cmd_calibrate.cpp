@@ -23,7 +23,7 @@ struct CalibrateArgs {
 void run(CalibrateArgs a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   const Tokenizer& tok = model->require_tokenizer();
-  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.data, "--data"), true);
+  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.data, "--data"), tok.add_bos_default());
 
   if (!a.common.kv_scales.empty() && a.common.kv_scales != "static" && a.common.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic");

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "engine/generator.h"
+#include "server/utf8_stream.h"
 #include "tools/cli_common.h"
 
 namespace kvserve::cli {
@@ -24,17 +25,28 @@ struct GenerateArgs {
   SparsityFlags sparsity;
 };
 
-// As llama2.c's safe_printf: a lone byte that is neither printable nor
-// whitespace is a fragment of a multi-byte character or a control code; skip it.
-void print_piece(const std::string& piece) {
-  if (piece.empty()) return;
-  if (piece.size() == 1) {
-    unsigned char b = static_cast<unsigned char>(piece[0]);
-    if (!(std::isprint(b) || std::isspace(b))) return;
+// Prints generated text as it arrives. A character split over byte tokens
+// is held until its last byte (llama2.c's safe_printf dropped each byte, so
+// such characters vanished); a lone control byte that is not whitespace is
+// skipped, as safe_printf does.
+class TextPrinter {
+ public:
+  void piece(const std::string& piece) {
+    if (piece.size() == 1 && static_cast<unsigned char>(piece[0]) < 0x80 &&
+        !(std::isprint(static_cast<unsigned char>(piece[0])) || std::isspace(static_cast<unsigned char>(piece[0]))))
+      return;
+    write(utf8_.push(piece));
   }
-  std::fwrite(piece.data(), 1, piece.size(), stdout);
-  std::fflush(stdout);
-}
+  void finish() { write(utf8_.finish()); }
+
+ private:
+  static void write(const std::string& text) {
+    if (text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+  Utf8Stream utf8_;
+};
 
 void run(const GenerateArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
@@ -56,17 +68,22 @@ void run(const GenerateArgs& a) {
   g.sampling.repetition_penalty = a.repetition_penalty;
   g.sampling.presence_penalty = a.presence_penalty;
   g.sampling.frequency_penalty = a.frequency_penalty;
-  const std::vector<int32_t> prompt = tok.encode(a.prompt, true);
+  const std::vector<int32_t> prompt = tok.encode(a.prompt, tok.add_bos_default());
   std::string text;
+  TextPrinter printer;
   auto on_token = [&](int32_t prev, int32_t token) {
     std::string piece = tok.decode_piece(prev, token);
     if (a.common.json) text += piece;
-    else print_piece(piece);
+    else printer.piece(piece);
   };
   GenerateResult r = generate(transformer, cache, prompt, g, on_token, tok.bos_id(), tok.eos_id());
+  if (!a.common.json) printer.finish();
 
   const KvStats& stats = r.kv_peak;
-  const double decode_tok_s = r.decode_seconds > 0 ? (r.generated_tokens - 1) / r.decode_seconds : 0;
+  // The first generated token comes from the prompt's pass: decode speed
+  // counts the ones after it (none when the first one ended the text).
+  const double decode_tok_s =
+      r.decode_seconds > 0 && r.generated_tokens > 1 ? (r.generated_tokens - 1) / r.decode_seconds : 0;
   if (a.common.json) {
     nlohmann::json j = kv_stats_json(stats);
     j.update(sparsity_json(resolve_sparsity_options(sparsity, cache), r.sparsity));

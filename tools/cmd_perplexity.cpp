@@ -23,7 +23,7 @@ struct PerplexityArgs {
 void run(const PerplexityArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   const Tokenizer& tok = model->require_tokenizer();
-  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.file, "--file"), true);
+  const std::vector<int32_t> tokens = tok.encode(read_text_file(a.file, "--file"), tok.add_bos_default());
 
   ThreadPool pool(thread_count(a.common));
   PerplexityOptions options = a.ppl;
@@ -51,7 +51,7 @@ void run(const PerplexityArgs& a) {
     ref.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
     reference = std::make_unique<KvCache>(model->config(), ref);  // FP32 K and V
   }
-  PerplexityResult r = perplexity(transformer, cache, tokens, tok.bos_id(), options, progress, reference.get());
+  PerplexityResult r = perplexity(transformer, cache, tokens, tok.add_bos_default() ? tok.bos_id() : -1, options, progress, reference.get());
   const SparsityOptions resolved = resolve_sparsity_options(options.sparsity, cache);
 
   nlohmann::json j = kv_stats_json(r.kv);

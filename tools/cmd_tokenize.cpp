@@ -27,7 +27,7 @@ void run(const TokenizeArgs& a) {
   } else {
     tok.emplace(Model::load(a.common.model_path, a.common.tokenizer_path)->require_tokenizer().vocab());
   }
-  const std::vector<int32_t> ids = tok->encode(read_text_file(a.file, "--file"), !a.no_bos);
+  const std::vector<int32_t> ids = tok->encode(read_text_file(a.file, "--file"), !a.no_bos && tok->add_bos_default());
   if (a.common.json) {
     std::printf("%s\n", nlohmann::json{{"tokens", ids}, {"count", ids.size()}}.dump().c_str());
     return;
@@ -43,7 +43,7 @@ void register_tokenize(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a file's text");
   add_common_options(*cmd, a->common);
   cmd->add_option("--file", a->file, "text file")->required();
-  cmd->add_flag("--no-bos", a->no_bos, "do not prepend BOS");
+  cmd->add_flag("--no-bos", a->no_bos, "do not prepend BOS (vocabularies with add_bos_token false never get one)");
   cmd->callback([a] { run(*a); });
 }
 

@@ -109,7 +109,7 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   };
   for (int32_t i = 0; i < n_chunks; ++i) {
     std::copy_n(tokens.begin() + int64_t(i) * ctx, ctx, chunk.begin());
-    chunk[0] = bos_id;
+    if (bos_id >= 0) chunk[0] = bos_id;  // as llama.cpp, only for vocabularies that add BOS
     if (reference != nullptr) {
       ref_logits.resize(size_t(ctx - 1 - first) * size_t(vocab));
       run_chunk(transformer, *reference, chunk, options.batch, first, nullptr, nullptr,

@@ -50,6 +50,8 @@ using ProgressCallback = std::function<void(int32_t, int32_t)>;
 // Throws kvserve::Error when ctx is out of range, the text is shorter than
 // one chunk, or a policy other than full is asked for without streaming. With a reference cache, every chunk also runs against it and the
 // result compares the two distributions token by token (KL, top-1).
+// bos_id >= 0: each chunk's first token becomes BOS (llama.cpp's protocol
+// for vocabularies that add BOS); -1: chunks start as the text does.
 PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<const int32_t> tokens,
                             int32_t bos_id, const PerplexityOptions& options,
                             const ProgressCallback& progress = nullptr, KvCache* reference = nullptr);

@@ -2,7 +2,9 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -174,6 +176,12 @@ void Model::load_gguf(const std::string& path) {
   int64_t rope_dims = f.get_int_or("llama.rope.dimension_count", c.head_dim());
   if (rope_dims != c.head_dim())
     fail("{}: partial rotary embedding ({} of {} dims) is not supported", path, rope_dims, c.head_dim());
+  // RoPE scaling changes every position's rotation: refused, not ignored
+  // (ignored, a linear or Llama-3.1 scaled model loaded and ran unscaled).
+  const std::string scaling = f.get_string_or("llama.rope.scaling.type", "none");
+  const double factor = f.get_float_or("llama.rope.scaling.factor", 1.0);
+  if (scaling != "none" || (factor != 0.0 && factor != 1.0))
+    fail("{}: RoPE scaling ('{}', factor {}) is not supported", path, scaling, factor);
 
   const int64_t q_dim = int64_t(c.n_heads) * c.head_dim();
   weights_.token_embedding = f.matrix("token_embd.weight", c.vocab_size, c.dim);
@@ -193,6 +201,22 @@ void Model::load_gguf(const std::string& path) {
     w.w_gate = f.matrix(name("ffn_gate"), c.hidden_dim, c.dim);
     w.w_down = f.matrix(name("ffn_down"), c.dim, c.hidden_dim);
     w.w_up = f.matrix(name("ffn_up"), c.hidden_dim, c.dim);
+  }
+  // Every tensor must be one the graph above reads: another (a layer past
+  // block_count, rope_freqs.weight, a bias) would be silently left out.
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.name == "token_embd.weight" || t.name == "output_norm.weight" || t.name == "output.weight") continue;
+    int32_t layer = -1;
+    char part[32] = {};
+    if (std::sscanf(t.name.c_str(), "blk.%d.%31[a-z_].weight", &layer, part) == 2 && layer >= 0 &&
+        layer < c.n_layers && t.name == fmt::format("blk.{}.{}.weight", layer, part)) {
+      static constexpr std::string_view kParts[] = {"attn_norm", "attn_q", "attn_k",   "attn_v", "attn_output",
+                                                    "ffn_norm",  "ffn_gate", "ffn_down", "ffn_up"};
+      if (std::find(std::begin(kParts), std::end(kParts), std::string_view(part)) != std::end(kParts)) continue;
+    }
+    fail("{}: tensor '{}' is not part of the llama graph kvserve runs ({} layers); the model needs what kvserve "
+         "does not implement",
+         path, t.name, c.n_layers);
   }
   if (f.has("tokenizer.ggml.model")) tokenizer_.emplace(load_gguf_vocab(f));
 }

@@ -171,6 +171,15 @@ kvserve_error_test(cli.bench_error_compare_preset_attention "decode benchmark on
 add_test(NAME cli.inspect_json COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;inspect;--model;${MODELS}/stories260K.bin;--tokenizer;${MODELS}/tok512.bin;--json"
   "-DFIELDS=dim;n_layers;n_kv_heads;head_dim;kv_bytes_per_token" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+# A vocabulary without add_bos_token (GPT-2's) gets no BOS from the CLI, as
+# from the server (the CLI always prepended one).
+kvserve_output_test(cli.tokenize_gpt2_vocab_adds_no_bos ${CMAKE_SOURCE_DIR}/tests/cli/gpt2_hello_world_tokens.txt
+  tokenize --model ${KVSERVE_SHARED_DIR}/vocab/ggml-vocab-gpt-2.gguf --file ${CMAKE_SOURCE_DIR}/tests/cli/hello_world.txt)
+# Characters spelled with byte-fallback tokens print whole (llama2.c's
+# safe_printf dropped each byte, so "世界 é" vanished from the output).
+kvserve_output_test(cli.generate_prints_byte_token_characters
+  ${CMAKE_SOURCE_DIR}/tests/cli/stories260K_byte_tokens_12.txt
+  generate --model ${MODELS}/stories260K.gguf --prompt "Hi 世界 é" --max-tokens 12 --temperature 0)
 add_test(NAME cli.tokenize_vocab_only_gguf COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;tokenize;--model;${KVSERVE_SHARED_DIR}/vocab/ggml-vocab-llama-spm.gguf;--file;${MODELS}/README.md;--json"
   "-DFIELDS=tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
