@@ -186,6 +186,19 @@ TEST_F(DiskStoreTest, AFileDeletedBehindItsBackIsAMissAndForgotten) {
   EXPECT_EQ(s.stats().resident_bytes, 100);
 }
 
+// The whole directory removed under a running store: old blocks are misses,
+// new ones are written again (every write failed until a restart).
+TEST_F(DiskStoreTest, ADirectoryRemovedBehindItsBackIsMadeAgain) {
+  DiskStore s(options(1 << 20));
+  put_blocks(s, {0, 1}, 100);
+  fs::remove_all(dir_ + "/tier");
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  EXPECT_EQ(put_blocks(s, {2}, 100), 1u);
+  const auto got = s.get(keys_of({2}));
+  ASSERT_TRUE(got[0]);
+  EXPECT_EQ(*got[0], block_of(100, 2));
+}
+
 TEST_F(DiskStoreTest, RemoveDeletesFiles) {
   DiskStore s(options(1 << 20));
   put_blocks(s, {0, 1}, 100);

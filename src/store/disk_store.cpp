@@ -182,7 +182,14 @@ int64_t DiskStore::next_stamp() {
 
 bool DiskStore::put_one(const BlockKey& key, ByteView value) {
   const std::string tmp = fmt::format("{}/tmp/{}.{}.{}", options_.dir, key.hex(), ::getpid(), temp_counter_++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // The directory was removed under the running server: make it again, or
+    // every later write would fail until a restart.
+    std::error_code ec;
+    fs::create_directories(fs::path(options_.dir) / "tmp", ec);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return false;
   bool ok = write_all(fd, value.data(), value.size());
   if (ok && options_.sync) ok = ::fdatasync(fd) == 0;
