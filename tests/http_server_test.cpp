@@ -538,6 +538,57 @@ TEST_F(HttpServerTest, EchoScoresThePromptTokens) {
 // all the greedy text; seeded ones repeat (choice i samples with seed + i);
 // usage counts the prompt once; streamed choices carry their index. A batch
 // of prompts gets n choices each.
+// vLLM's prompt_logprobs: each prompt token's log-probability and rank
+// under one direct pass, with N alternatives, on each choice (chat: at the
+// top); generated tokens keep their own logprobs count.
+TEST_F(HttpServerTest, PromptLogprobsGiveEachPromptTokensRankAndAlternatives) {
+  start();
+  const std::string prompt = "Lily and Ben went to the park.";
+  const std::vector<int32_t> tokens = encode(prompt);
+  const Logits logits = testing_files::every_position_logits(*model_, tokens);
+  json body = completion(prompt, 2);
+  body["prompt_logprobs"] = 3;
+  body["logprobs"] = 1;
+  body["n"] = 2;
+  const Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  for (const json& choice : r.body["choices"]) {
+    const json& pl = choice["prompt_logprobs"];
+    ASSERT_EQ(pl.size(), tokens.size());
+    EXPECT_TRUE(pl[0].is_null());
+    for (size_t k = 1; k < tokens.size(); ++k) {
+      const float* row = logits.row(int32_t(k - 1));
+      double z = 0;
+      int32_t rank = 1;
+      for (int32_t v = 0; v < logits.vocab; ++v) {
+        z += std::exp(double(row[v]));
+        rank += row[v] > row[tokens[k]];
+      }
+      const json& at = pl[k];
+      const json& mine = at[std::to_string(tokens[k])];
+      EXPECT_NEAR(mine["logprob"].get<double>(), double(row[tokens[k]]) - std::log(z), 1e-4) << k;
+      EXPECT_EQ(mine["rank"], rank) << k;
+      // Three alternatives (ranks 1-3), plus the prompt token when it is not one of them.
+      EXPECT_EQ(at.size(), rank <= 3 ? 3u : 4u) << at.dump();
+      for (const auto& [id, entry] : at.items()) EXPECT_TRUE(entry["rank"] <= 3 || id == std::to_string(tokens[k]));
+    }
+    for (const json& top : choice["logprobs"]["top_logprobs"]) EXPECT_LE(top.size(), 2u);  // 1 + the sampled one
+  }
+  // Chat: once, at the top of the response; streaming is refused (as vLLM).
+  const json chat = {{"model", "stories260K"},
+                     {"messages", {{{"role", "user"}, {"content", "A cat."}}}},
+                     {"max_tokens", 1},
+                     {"prompt_logprobs", 0}};
+  const Reply c = post("/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.raw;
+  const std::vector<int32_t> rendered = server_->chat_template()->render({{"user", "A cat."}});
+  ASSERT_EQ(c.body["prompt_logprobs"].size(), rendered.size());
+  EXPECT_EQ(c.body["prompt_logprobs"][1].size(), 1u);  // no alternatives: the prompt token alone
+  EXPECT_FALSE(c.body["choices"][0].contains("prompt_logprobs"));
+  body["stream"] = true;
+  EXPECT_EQ(post("/v1/completions", body).status, 400);
+}
+
 TEST_F(HttpServerTest, SeveralChoicesAndPromptsPerRequest) {
   start();
   const std::vector<int32_t> prompt = encode("Once upon a time");

@@ -84,6 +84,8 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.allowed_token_ids, (std::vector<int32_t>{3, 9}));
   EXPECT_EQ(r.bad_words, (std::vector<std::string>{"dog", " big cat"}));
   EXPECT_EQ(r.truncate_prompt_tokens, 12);
+  EXPECT_EQ(r.prompt_logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "prompt_logprobs": 5})").prompt_logprobs, 5);
   EXPECT_EQ(parse_ok(R"({"model": "m", "prompt": "x", "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
 
   EXPECT_EQ(r.logprobs, -1);
@@ -194,6 +196,9 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {R"({"model": "m", "prompt": "x", "truncate_prompt_tokens": -2})", "truncate_prompt_tokens", "invalid_value"},
       {R"({"model": "m", "prompt": "x", "include_stop_str_in_output": 1})", "include_stop_str_in_output",
        "invalid_type"},
+      {R"({"model": "m", "prompt": "x", "prompt_logprobs": 21})", "prompt_logprobs", "invalid_value"},
+      {R"({"model": "m", "prompt": "x", "prompt_logprobs": 1, "stream": true})", "prompt_logprobs",
+       "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "use_beam_search": true})", "use_beam_search", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "guided_json": {}})", "guided_json", "unsupported_parameter"},
       {R"({"model": "m", "prompt": "x", "skip_special_tokens": false})", "skip_special_tokens",
@@ -342,7 +347,7 @@ TEST(OpenAiProtocol, RandomlyMutatedBodiesParseOrGet400) {
       "frequency_penalty", "logit_bias", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos",
       "kv", "user", "tools", "tool_choice", "response_format", "best_of", "suffix", "add_special_tokens",
       "return_token_strs", "add_generation_prompt", "tokens", "role", "content", "type", "text", "include_usage",
-      "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "include_stop_str_in_output",
+      "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "include_stop_str_in_output", "prompt_logprobs",
       "k", "v", "policy", "budget", "pin"};
   std::mt19937_64 rng(20261205);
   auto pick = [&](size_t n) { return size_t(rng() % n); };

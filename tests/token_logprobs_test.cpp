@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,13 +25,18 @@ TEST(TokenLogprobs, MatchTheLogSoftmaxAndRankTheAlternatives) {
   ASSERT_EQ(lp.top.size(), 5u);
   for (size_t k = 0; k < lp.top.size(); ++k) {
     EXPECT_NEAR(lp.top[k].second, reference(lp.top[k].first), 1e-5);
-    if (k > 0) EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+    if (k > 0) {
+      EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+    }
   }
   // The top five by value, found independently.
   std::vector<int32_t> order(logits.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
   for (size_t k = 0; k < 5; ++k) EXPECT_EQ(lp.top[k].first, order[k]) << k;
+  // Its rank in the whole vocabulary (1 = most likely; the tied 17 ranks first).
+  EXPECT_EQ(lp.rank, int32_t(std::find(order.begin(), order.end(), 42) - order.begin()) + 1);
+  EXPECT_EQ(token_logprobs(logits.data(), int32_t(logits.size()), order[0], 0).rank, 1);
 
   EXPECT_TRUE(token_logprobs(logits.data(), int32_t(logits.size()), 3, 0).top.empty());
   // Very large logits do not overflow.

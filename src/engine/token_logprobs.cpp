@@ -14,6 +14,8 @@ TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, 
   TokenLogprobs out;
   out.token = token;
   out.logprob = float(double(logits[token]) - log_z);
+  out.rank = 1;
+  for (int32_t i = 0; i < vocab; ++i) out.rank += logits[i] > logits[token] || (logits[i] == logits[token] && i < token);
   const int32_t n = std::clamp(top_n, 0, vocab);
   if (n == 0) return out;
   thread_local std::vector<int32_t> ids;

@@ -13,6 +13,7 @@ namespace kvserve {
 struct TokenLogprobs {
   int32_t token = -1;
   float logprob = 0;                          // of `token`
+  int32_t rank = 0;                           // of `token` in the vocabulary, 1 = most likely (ties: lower id first)
   std::vector<std::pair<int32_t, float>> top; // (token, logprob), most likely first (ties: lower id)
 };
 

@@ -109,11 +109,17 @@ struct HttpServer::Completion {
     int32_t prev_token = -1;
     size_t text_offset = 0;
     std::vector<int32_t> prompt;
+    // prompt_logprobs: the prompt's first token (what the second follows),
+    // then its entries once the first event brings them.
+    int32_t first_prompt_token = -1;
+    std::vector<PromptLogprob> prompt_entries;
   };
   Endpoint endpoint = Endpoint::Completions;
   ResponseMeta meta;
   bool include_usage = false;
   bool logprobs = false;          // asked for "logprobs"
+  int32_t top_n = 0;              // alternatives per reported token ("logprobs" N / "top_logprobs")
+  int32_t prompt_top_n = -1;      // vLLM's prompt_logprobs N; -1 = none
   std::vector<Choice> choices;
   std::map<RequestId, size_t> choice_of;  // engine request -> its choice
   std::shared_ptr<EventQueue> events = std::make_shared<EventQueue>();
@@ -489,8 +495,10 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   r->logprobs = cr.logprobs;
   // echo with logprobs scores the prompt too; a prompt-only request needs
   // the engine's prompt pass whether or not the client reads the numbers.
-  r->prompt_logprobs = cr.echo && (cr.logprobs >= 0 || cr.prompt_only);
-  if (r->prompt_logprobs) r->logprobs = std::max(cr.logprobs, 0);
+  r->prompt_logprobs = (cr.echo && (cr.logprobs >= 0 || cr.prompt_only)) || cr.prompt_logprobs >= 0;
+  // The engine computes the most alternatives either asks for; each list is
+  // cut to its own count when reported.
+  if (r->prompt_logprobs) r->logprobs = std::max({cr.logprobs, cr.prompt_logprobs, 0});
   r->sampling = cr.sampling;
   r->sampling.allowed_tokens = cr.allowed_token_ids;
   for (const std::string& word : cr.bad_words) add_bad_word(*tokenizer_, word, r->sampling.bad_words);
@@ -698,6 +706,8 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   c->endpoint = endpoint;
   c->include_usage = cr.include_usage;
   c->logprobs = cr.logprobs >= 0;
+  c->top_n = std::max(cr.logprobs, 0);
+  c->prompt_top_n = cr.prompt_logprobs;
   c->meta.created = unix_seconds();
   c->meta.model = model_name_;
   // Choice p * n + i: prompt p's i-th (vLLM's order).
@@ -709,6 +719,7 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     x.first_of_prompt = k % size_t(cr.n) == 0;
     x.prev_token = prompt.back();
     x.echo = cr.echo;
+    if (cr.prompt_logprobs >= 0) x.first_prompt_token = prompt[0];
     if (!cr.echo) continue;
     if (!x.first_of_prompt) {  // the prompt's first choice has its text already
       x.echo_text = c->choices[k - k % size_t(cr.n)].echo_text;
@@ -780,15 +791,28 @@ std::string HttpServer::event_text(Completion& c, size_t i, const RequestEvent& 
 }
 
 void HttpServer::add_logprobs(Completion& c, size_t i, const RequestEvent& e) const {
-  if (!c.logprobs) return;
   Completion::Choice& x = c.choices[i];
+  if (c.prompt_top_n >= 0 && !e.prompt_logprobs.empty()) {
+    auto piece = [&](int32_t prev, int32_t token) {
+      return tokenizer_ ? tokenizer_->decode_piece(prev, token) : fmt::format("token_id:{}", token);
+    };
+    int32_t prev = x.first_prompt_token;
+    for (const TokenLogprobs& t : e.prompt_logprobs) {
+      PromptLogprob p{t.token, t.logprob, t.rank, piece(prev, t.token), {}};
+      for (size_t k = 0; k < t.top.size() && k < size_t(c.prompt_top_n); ++k)
+        p.top.push_back({t.top[k].first, t.top[k].second, piece(prev, t.top[k].first)});
+      x.prompt_entries.push_back(std::move(p));
+      prev = t.token;
+    }
+  }
+  if (!c.logprobs) return;
   auto text = [&](int32_t token) {
     return tokenizer_ ? tokenizer_->decode_piece(x.prev_token, token) : fmt::format("token_id:{}", token);
   };
   // One token's entry, its alternatives' texts after the same predecessor.
   auto add = [&](const TokenLogprobs& t) {
     LogprobEntry entry{text(t.token), t.logprob, {}};
-    for (const auto& [token, lp] : t.top) entry.top.emplace_back(text(token), lp);
+    for (size_t k = 0; k < t.top.size() && k < size_t(c.top_n); ++k) entry.top.emplace_back(text(t.top[k].first), t.top[k].second);
     x.prev_token = t.token;
     x.pending.push_back(std::move(entry));
   };
@@ -856,8 +880,14 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
   for (size_t i = 0; i < c->choices.size(); ++i) {
     Completion::Choice& x = c->choices[i];
     choices.push_back(choice_json(c->endpoint, int(i), x.text, client_finish_reason(x.last.finish), take_logprobs(*c, i)));
+    // vLLM's places: on each completion choice, once at the top of a chat.
+    if (c->prompt_top_n >= 0 && c->endpoint == Endpoint::Completions)
+      choices.back()["prompt_logprobs"] = prompt_logprobs_json(x.prompt_entries);
   }
-  send_json(res, 200, completion_response(c->endpoint, c->meta, std::move(choices), c->usage()));
+  json response = completion_response(c->endpoint, c->meta, std::move(choices), c->usage());
+  if (c->prompt_top_n >= 0 && c->endpoint == Endpoint::ChatCompletions)
+    response["prompt_logprobs"] = prompt_logprobs_json(c->choices[0].prompt_entries);
+  send_json(res, 200, response);
 }
 
 bool HttpServer::stream_step(Completion& c, std::string* out) {

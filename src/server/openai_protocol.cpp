@@ -292,6 +292,7 @@ void parse_vllm_extensions(const json& body, CompletionRequest& r) {
     r.truncate_prompt_tokens = int32_t(n);
   }
   r.include_stop_str = read_bool(body, "include_stop_str_in_output", false);
+  r.prompt_logprobs = read_int(body, "prompt_logprobs", 0, kMaxTopLogprobs, -1);
 }
 
 void parse_kv(const json& body, KvRequest& kv) {
@@ -326,8 +327,8 @@ void refuse_unsupported(const json& body) {
   if (read_number(body, "length_penalty", 1) != 1) unsupported("length_penalty", "length_penalty");
   if (!read_bool(body, "skip_special_tokens", true))
     unsupported("skip_special_tokens", "printing special tokens (skip_special_tokens false)");
-  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                             "prompt_logprobs"})
+  for (const char* guided :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend"})
     if (field(body, guided)) unsupported(guided, guided);
   for (const char* tools : {"tools", "functions"})
     if (const json* t = field(body, tools); t && !(t->is_array() && t->empty())) unsupported(tools, "tool calling");
@@ -415,6 +416,8 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
     if (!r.stream) reject("'stream_options' is only allowed when 'stream' is true", "stream_options");
     r.include_usage = read_bool(*so, "include_usage", false, "stream_options.include_usage");
   }
+  if (r.stream && r.prompt_logprobs >= 0)
+    unsupported("prompt_logprobs", "prompt_logprobs with stream (as in vLLM)");
   r.ignore_eos = read_bool(body, "ignore_eos", false);
   if (const json* u = field(body, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
   parse_kv(body, r.kv);
@@ -566,6 +569,19 @@ json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, 
     top_logprobs.push_back(std::move(top));
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+}
+
+json prompt_logprobs_json(const std::vector<PromptLogprob>& entries) {
+  json out = json::array({nullptr});
+  for (const PromptLogprob& e : entries) {
+    json position = json::object();
+    for (size_t k = 0; k < e.top.size(); ++k)
+      position[std::to_string(e.top[k].token)] = {
+          {"logprob", e.top[k].logprob}, {"rank", k + 1}, {"decoded_token", token_label(e.top[k].text)}};
+    position[std::to_string(e.token)] = {{"logprob", e.logprob}, {"rank", e.rank}, {"decoded_token", token_label(e.text)}};
+    out.push_back(std::move(position));
+  }
+  return out;
 }
 
 json choice_json(Endpoint endpoint, int index, const std::string& text, std::string_view finish_reason,

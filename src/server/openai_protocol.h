@@ -77,6 +77,9 @@ struct CompletionRequest {
   // (completions' "logprobs": N; chat's "top_logprobs" with "logprobs":
   // true), -1 = none.
   int32_t logprobs = -1;
+  // vLLM's prompt_logprobs: each prompt token's log-probability, rank and
+  // this many alternatives (0..20), on each choice; -1 = none. Not streamed.
+  int32_t prompt_logprobs = -1;
   // Completions' echo: the prompt's text (and, with logprobs, its tokens'
   // log-probabilities) before the completion. prompt_only: echo with
   // max_tokens 0, the prompt scored and nothing generated.
@@ -148,6 +151,23 @@ struct LogprobEntry {
 // chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
 [[nodiscard]] nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries,
                                            size_t text_offset);
+// vLLM's prompt_logprobs: one entry per prompt token after the first.
+struct PromptLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  int32_t rank = 0;      // 1 = the most likely token there
+  std::string text;      // the token's text after the one before it
+  struct Alternative {
+    int32_t token;
+    float logprob;
+    std::string text;
+  };
+  std::vector<Alternative> top;  // most likely first (rank = index + 1)
+};
+// [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]: null for
+// the first prompt token, which nothing predicts; each object holds the
+// prompt token and its alternatives.
+[[nodiscard]] nlohmann::json prompt_logprobs_json(const std::vector<PromptLogprob>& entries);
 // A whole non-streamed response ("text_completion" or "chat.completion").
 // logprobs: the choice's "logprobs" (null when not asked for).
 [[nodiscard]] nlohmann::json completion_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
