@@ -531,15 +531,26 @@ bool HttpServer::check_model(const std::string& model, httplib::Response& res) c
   return false;
 }
 
-void HttpServer::handle_tokenize(const httplib::Request& req, const std::string& body, httplib::Response& res) {
-  if (!authenticate(req, res)) return;
-  auto parsed = parse_tokenize_request(body);
+namespace {
+
+// The parsed request, or nullptr after sending its 400.
+template <typename T>
+const T* parsed_or_sent(const std::variant<T, ApiError>& parsed, httplib::Response& res) {
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
     send_error(res, *e);
-    return;
+    return nullptr;
   }
-  const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
-  if (!t.model.empty() && !check_model(t.model, res)) return;
+  return &std::get<T>(parsed);
+}
+
+}  // namespace
+
+void HttpServer::handle_tokenize(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  if (!authenticate(req, res)) return;
+  const auto parsed = parse_tokenize_request(body);
+  const TokenizeRequest* request = parsed_or_sent(parsed, res);
+  if (!request || (!request->model.empty() && !check_model(request->model, res))) return;
+  const TokenizeRequest& t = *request;
   if (!tokenizer_) {
     send_error(res, invalid_request("this model has no vocabulary, so it cannot tokenize text", t.chat ? "messages" : "prompt",
                                     "invalid_value"));
@@ -567,13 +578,10 @@ void HttpServer::handle_tokenize(const httplib::Request& req, const std::string&
 
 void HttpServer::handle_detokenize(const httplib::Request& req, const std::string& body, httplib::Response& res) {
   if (!authenticate(req, res)) return;
-  auto parsed = parse_detokenize_request(body);
-  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
-    send_error(res, *e);
-    return;
-  }
-  const DetokenizeRequest& d = std::get<DetokenizeRequest>(parsed);
-  if (!d.model.empty() && !check_model(d.model, res)) return;
+  const auto parsed = parse_detokenize_request(body);
+  const DetokenizeRequest* request = parsed_or_sent(parsed, res);
+  if (!request || (!request->model.empty() && !check_model(request->model, res))) return;
+  const DetokenizeRequest& d = *request;
   if (!tokenizer_) {
     send_error(res, invalid_request("this model has no vocabulary, so it cannot detokenize", "tokens", "invalid_value"));
     return;
@@ -679,13 +687,10 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
 
   const std::optional<AuthResult> auth = authenticate(req, res);
   if (!auth) return;
-  auto parsed = parse_completion_request(body, endpoint);
-  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
-    send_error(res, *e);
-    return;
-  }
-  const CompletionRequest& cr = std::get<CompletionRequest>(parsed);
-  if (!check_model(cr.model, res)) return;
+  const auto parsed = parse_completion_request(body, endpoint);
+  const CompletionRequest* request = parsed_or_sent(parsed, res);
+  if (!request || !check_model(request->model, res)) return;
+  const CompletionRequest& cr = *request;
   if (auto e = check_kv_request(cr.kv, kv_limits_)) {
     send_error(res, *e);
     return;

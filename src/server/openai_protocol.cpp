@@ -449,16 +449,26 @@ json error_json(const ApiError& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
+namespace {
+
+// A parser's result, or the 400 it was rejected with.
+template <typename Parse>
+auto rejected_as_error(Parse parse) -> std::variant<decltype(parse()), ApiError> {
   try {
-    return parse(body, endpoint);
+    return parse();
   } catch (const Rejected& r) {
     return r.error;
   }
 }
 
+}  // namespace
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
+  return rejected_as_error([&] { return parse(body, endpoint); });
+}
+
 std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view text) {
-  try {
+  return rejected_as_error([&] {
     const json body = parse_object(text);
     TokenizeRequest r;
     r.model = read_string(body, "model", "model");
@@ -482,13 +492,11 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view 
     if (read_bool(body, "continue_final_message", false))
       unsupported("continue_final_message", "continuing the final message");
     return r;
-  } catch (const Rejected& r) {
-    return r.error;
-  }
+  });
 }
 
 std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view text) {
-  try {
+  return rejected_as_error([&] {
     const json body = parse_object(text);
     DetokenizeRequest r;
     r.model = read_string(body, "model", "model");
@@ -498,9 +506,7 @@ std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_v
     r.tokens.reserve(t->size());
     for (const json& id : *t) r.tokens.push_back(token_id(id, "tokens"));
     return r;
-  } catch (const Rejected& r) {
-    return r.error;
-  }
+  });
 }
 
 std::string_view client_finish_reason(FinishReason r) {
