@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "model/gguf_reader.h"
@@ -68,6 +69,78 @@ void expect_vectors_pass(const std::string& name) {
 TEST(TokenizerVectors, LlamaSpm) { expect_vectors_pass("ggml-vocab-llama-spm.gguf"); }
 
 TEST(TokenizerVectors, Gpt2) { expect_vectors_pass("ggml-vocab-gpt-2.gguf"); }
+
+// GPT-2's vocabulary and merges with Llama 3's pre-tokenizer ("llama-bpe").
+// The expected ids come from js-tiktoken 1.x: GPT-2's ranks with cl100k_base's
+// split pattern, which is Llama 3's (new Tiktoken({...gpt2, pat_str:
+// cl100k.pat_str}).encode(text)); ranks and merges give the same BPE for
+// GPT-2. Texts with U+0085 or U+FEFF are left out, as JavaScript's \s and
+// Unicode's White_Space disagree on them.
+TEST(TokenizerVectors, Gpt2WithLlama3PreTokenizer) {
+  Vocab v = load_gguf_vocab(GgufFile(kVocabDir + "ggml-vocab-gpt-2.gguf"));
+  ASSERT_EQ(v.pre, PreTokenizer::Gpt2);
+  v.pre = PreTokenizer::Llama3;
+  const Tokenizer tok(std::move(v));
+  const std::pair<std::string, std::vector<int32_t>> cases[] = {
+      {"I'M here 1234567\n\n  ok", {40, 6, 44, 994, 220, 10163, 29228, 22, 628, 220, 12876}},
+      {"it's they're we've I'm you'll he'd don't", {270, 338, 484, 821, 356, 1053, 314, 1101, 345, 1183, 339, 1549, 836, 470}},
+      {"IT'S THEY'RE WE'VE I'M YOU'LL HE'D DON'T", {2043, 6, 50, 33302, 6, 2200, 12887, 6, 6089, 314, 6, 44, 7013, 6, 3069, 11179, 6, 35, 23917, 6, 51}},
+      {"It'S tHEY'rE We'Ve", {1026, 6, 50, 256, 13909, 56, 6, 81, 36, 775, 6, 26979}},
+      {"'sup 'Sup ''s", {338, 929, 705, 40784, 10148, 82}},
+      {"1 12 123 1234 12345 123456 1234567", {16, 220, 1065, 220, 10163, 220, 10163, 19, 220, 10163, 2231, 220, 10163, 29228, 220, 10163, 29228, 22}},
+      {"a1b22c333d4444", {64, 16, 65, 1828, 66, 20370, 67, 30272, 19}},
+      {"3.14159, -42 and 1,000,000", {18, 13, 23756, 3270, 11, 532, 3682, 290, 220, 16, 11, 830, 11, 830}},
+      {"Hello, world!!! How are you???\n\nFine...\n", {15496, 11, 995, 10185, 1374, 389, 345, 28358, 628, 34389, 986, 198}},
+      {"end.\r\n\r\nnext", {437, 13, 201, 198, 201, 198, 19545}},
+      {"x = (a + b) * c; // comment\n\tif (x) {\n\t\treturn;\n\t}", {87, 796, 357, 64, 1343, 275, 8, 1635, 269, 26, 3373, 2912, 198, 197, 361, 357, 87, 8, 1391, 198, 197, 197, 7783, 26, 198, 197, 92}},
+      {"    four spaces\n        eight", {220, 220, 220, 1440, 9029, 198, 220, 220, 220, 220, 220, 220, 220, 3624}},
+      {"word  two   three    four", {4775, 220, 734, 220, 220, 1115, 220, 220, 220, 1440}},
+      {"trailing spaces   ", {9535, 4386, 9029, 220, 220, 220}},
+      {" leading space", {3756, 2272}},
+      {"\ttab\tseparated\twords", {197, 8658, 197, 25512, 515, 197, 10879}},
+      {"line1\nline2\n\n\nline3", {1370, 16, 198, 1370, 17, 628, 198, 1370, 18}},
+      {"  \n  indented\n", {220, 220, 198, 220, 773, 4714, 198}},
+      {"\r\n", {201, 198}},
+      {"!!!abc ???def (ghi) [jkl]", {10185, 39305, 34913, 4299, 357, 456, 72, 8, 685, 73, 41582, 60}},
+      {"\"quoted\" 'single' `back`", {1, 421, 5191, 1, 705, 29762, 6, 4600, 1891, 63}},
+      {"你好，世界！这是一个测试。", {19526, 254, 25001, 121, 171, 120, 234, 10310, 244, 45911, 234, 171, 120, 223, 32573, 247, 42468, 31660, 10310, 103, 38184, 233, 46237, 243, 16764}},
+      {"日本語のテキスト 123", {33768, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302, 220, 10163}},
+      {"emoji 😀😃 🎉🎉🎉 done", {368, 31370, 30325, 222, 47249, 225, 12520, 236, 231, 8582, 236, 231, 8582, 236, 231, 1760}},
+      {"👍🏽 thumbs", {41840, 235, 8582, 237, 121, 32766}},
+      {"café naïve résumé Ünïcödé", {66, 1878, 2634, 41492, 40560, 16345, 2634, 49363, 77, 26884, 66, 9101, 67, 2634}},
+      {"Ελληνικά και русский текст", {138, 243, 39377, 39377, 138, 115, 26180, 29945, 43000, 138, 105, 7377, 118, 17394, 29945, 220, 21169, 35072, 21727, 21727, 31583, 18849, 140, 117, 220, 20375, 16843, 31583, 21727, 20375}},
+      {"mixed: abc123def 4567ghi", {76, 2966, 25, 450, 66, 10163, 4299, 220, 29228, 22, 456, 72}},
+      {"email@example.com https://example.org/path?q=1", {12888, 31, 20688, 13, 785, 3740, 1378, 20688, 13, 2398, 14, 6978, 30, 80, 28, 16}},
+      {"a\u00A0b non-breaking", {64, 1849, 65, 1729, 12, 13395}},
+      {"   ", {220, 220, 220}},
+      {"\n", {198}},
+      {"$100 #tag @user %20 ^_^ ~~", {3, 3064, 1303, 12985, 2488, 7220, 4064, 1238, 10563, 62, 61, 220, 4907}},
+      {"snake_case_name camelCaseName", {16184, 539, 62, 7442, 62, 3672, 41021, 20448, 5376}},
+      {"  hello\n\n  world  ", {220, 23748, 628, 220, 995, 220, 220}},
+      {"x;\n\n\ty", {87, 26, 628, 197, 88}},
+      {"99 bottles\u3000of beer", {2079, 14096, 5099, 222, 1659, 6099}},
+      {"(word) {word} <tag>", {7, 4775, 8, 1391, 4775, 92, 1279, 12985, 29}},
+  };
+  for (const auto& [text, expected] : cases)
+    EXPECT_EQ(tok.encode(text, /*add_bos=*/false), expected) << "'" << text << "'";
+}
+
+// Llama 3 takes a word that is a token whole, where GPT-2 merges it: "abc"
+// is a token here, but the only merge makes "ab" + "c".
+TEST(Tokenizer, Llama3TakesWordTokensWhole) {
+  Vocab v;
+  v.kind = TokenizerKind::Gpt2Bpe;
+  v.tokens = {"a", "b", "c", "ab", "abc"};
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.types.assign(v.tokens.size(), TokenType::Normal);
+  v.merges = {"a b"};
+  v.bos_id = v.eos_id = 0;
+  v.unk_id = -1;
+  EXPECT_EQ(Tokenizer(v).encode("abc", false), (std::vector<int32_t>{3, 2}));
+  v.pre = PreTokenizer::Llama3;
+  EXPECT_EQ(Tokenizer(v).encode("abc", false), (std::vector<int32_t>{4}));
+  EXPECT_EQ(Tokenizer(v).encode("abcab", false), (std::vector<int32_t>{3, 2, 3}));
+}
 
 TEST(Llama2cVocab, MatchesItsGgufConversion) {
   const Vocab bin = load_llama2c_vocab(kTok512, kTok512Size);
@@ -200,6 +273,19 @@ TEST(UnicodeText, Gpt2Pretokenize) {
             (std::vector<std::string_view>{"a", " ", " 42", "!?", " \xC3\xA9t\xC3\xA9", "   "}));
   EXPECT_EQ(gpt2_pretokenize("x\t\ny"), (std::vector<std::string_view>{"x", "\t", "\n", "y"}));
   EXPECT_TRUE(gpt2_pretokenize("").empty());
+}
+
+TEST(UnicodeText, Llama3Pretokenize) {
+  // Contractions in either case; numbers in threes; one non-letter joins the
+  // letters after it; line breaks end a whitespace run or follow punctuation.
+  EXPECT_EQ(llama3_pretokenize("I'M here 1234567\n\n  ok"),
+            (std::vector<std::string_view>{"I", "'M", " here", " ", "123", "456", "7", "\n\n", " ", " ok"}));
+  EXPECT_EQ(llama3_pretokenize("\tx (y) z!!\r\n\r\n  w   "),
+            (std::vector<std::string_view>{"\tx", " (", "y", ")", " z", "!!\r\n\r\n", " ", " w", "   "}));
+  EXPECT_EQ(llama3_pretokenize("a \n  b\n"), (std::vector<std::string_view>{"a", " \n", " ", " b", "\n"}));
+  EXPECT_EQ(llama3_pretokenize("\xC3\xA9t\xC3\xA9 12\xD9\xA3"),
+            (std::vector<std::string_view>{"\xC3\xA9t\xC3\xA9", " ", "12\xD9\xA3"}));  // U+0663 is a digit
+  EXPECT_TRUE(llama3_pretokenize("").empty());
 }
 
 TEST(UnicodeText, Gpt2ByteMap) {
@@ -408,6 +494,30 @@ TEST(GgufVocab, FindsEndOfTurnTokens) {
     w.u32("tokenizer.ggml.eom_token_id", 99);
   });
   EXPECT_EQ(named.end_of_turn_ids, std::vector<int32_t>{3});
+}
+
+// tokenizer.ggml.pre picks a "gpt2" vocabulary's split; an unknown one is an
+// error rather than text split by the wrong rules.
+TEST(GgufVocab, ReadsPreTokenizer) {
+  auto gpt2_with_pre = [](const std::string& name, std::optional<std::string> pre) {
+    return load_edited_gguf(name, [](auto& model, auto&...) { model = "gpt2"; }, [&](GgufWriter& w) {
+      w.strings("tokenizer.ggml.merges", {"a a"});
+      w.u32("tokenizer.ggml.eos_token_id", 2);
+      if (pre) w.str("tokenizer.ggml.pre", *pre);
+    });
+  };
+  EXPECT_EQ(gpt2_with_pre("pre_none.gguf", std::nullopt).pre, PreTokenizer::Gpt2);
+  for (const char* name : {"gpt-2", "gpt2", "default"})
+    EXPECT_EQ(gpt2_with_pre("pre_gpt2.gguf", name).pre, PreTokenizer::Gpt2) << name;
+  for (const char* name : {"llama-bpe", "llama3", "llama-v3"})
+    EXPECT_EQ(gpt2_with_pre("pre_llama3.gguf", name).pre, PreTokenizer::Llama3) << name;
+  expect_error_containing([&] { (void)gpt2_with_pre("pre_qwen2.gguf", "qwen2"); },
+                          "pre-tokenizer 'qwen2' (tokenizer.ggml.pre) is not supported");
+  // SentencePiece vocabularies have no pre-tokenizer, whatever the key says.
+  const Vocab spm = load_edited_gguf("pre_spm.gguf", [](auto&...) {}, [](GgufWriter& w) {
+    w.str("tokenizer.ggml.pre", "qwen2");
+  });
+  EXPECT_EQ(spm.kind, TokenizerKind::SentencePiece);
 }
 
 TEST(Tokenizer, RejectsInconsistentVocab) {

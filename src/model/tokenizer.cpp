@@ -176,6 +176,19 @@ std::vector<Symbol> merge_symbols(std::string_view text, Priority&& priority) {
   return syms;
 }
 
+// The pre-tokenizer a "gpt2" vocabulary names. "default" and a missing key
+// (GGUFs older than the key) keep GPT-2's split, as kvserve did before it read
+// the key; llama.cpp splits those with a regex chain of its own, a known
+// difference. Any other name is refused: BPE over the wrong words gives the
+// model token sequences it was never trained on.
+PreTokenizer parse_pre_tokenizer(const std::string& name, std::string_view source) {
+  if (name.empty() || name == "default" || name == "gpt-2" || name == "gpt2") return PreTokenizer::Gpt2;
+  if (name == "llama-bpe" || name == "llama3" || name == "llama-v3") return PreTokenizer::Llama3;
+  fail("{}: pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported; kvserve implements 'gpt-2' and "
+       "'llama-bpe' (Llama 3)",
+       source, name);
+}
+
 }  // namespace
 
 Vocab load_llama2c_vocab(const std::string& path, int32_t vocab_size) {
@@ -287,7 +300,11 @@ Vocab load_gguf_vocab(const GgufFile& file) {
   } else {
     v.types.assign(n, TokenType::Normal);
   }
-  if (!spm) v.merges = file.get_string_array("tokenizer.ggml.merges");
+  if (!spm) {
+    v.merges = file.get_string_array("tokenizer.ggml.merges");
+    // SentencePiece vocabularies have no pre-tokenizer; llama.cpp ignores the key for them.
+    v.pre = parse_pre_tokenizer(file.get_string_or("tokenizer.ggml.pre", ""), path);
+  }
 
   // Ids are stored as u32, with 0xFFFFFFFF (or -1) for "none", which only unk
   // may be. A GPT-2 vocabulary has no conventional BOS/EOS ids, so it must
@@ -396,9 +413,18 @@ std::vector<int32_t> Tokenizer::encode_gpt2(std::string_view text) const {
     return -float(it->second);
   };
 
+  const bool llama3 = vocab_.pre == PreTokenizer::Llama3;
   std::vector<int32_t> ids;
-  for (std::string_view word : gpt2_pretokenize(text)) {
+  for (std::string_view word : llama3 ? llama3_pretokenize(text) : gpt2_pretokenize(text)) {
     const std::string mapped = gpt2_bytes_to_unicode(word);
+    // Llama 3 takes a word that is a token as it is, even where the merges
+    // would split it (Hugging Face's ignore_merges; llama.cpp does the same).
+    if (llama3) {
+      if (auto it = token_to_id_.find(mapped); it != token_to_id_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
+    }
     std::vector<Symbol> syms = merge_symbols(mapped, rank);
     for (int32_t i = 0; i != -1; i = syms[size_t(i)].next) {
       const Symbol& s = syms[size_t(i)];

@@ -1,5 +1,6 @@
 // Tokenizers: SentencePiece-style BPE (llama2.c tokenizer .bin and GGUF
-// `llama` vocabularies) and GPT-2 byte-level BPE (GGUF `gpt2` vocabularies).
+// `llama` vocabularies) and GPT-2 byte-level BPE (GGUF `gpt2` vocabularies),
+// the latter with GPT-2's or Llama 3's ("llama-bpe") pre-tokenizer.
 //
 // Both reproduce llama.cpp's tokenizers exactly (see tests/tokenizer_test.cpp,
 // which runs every vector in ../shared/vocab/).
@@ -23,6 +24,13 @@ enum class TokenType : uint8_t {
   Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
 };
 
+// How a GPT-2-style vocabulary splits text into words before BPE
+// (tokenizer.ggml.pre); see unicode_text.h.
+enum class PreTokenizer : uint8_t {
+  Gpt2,    // "gpt-2", "gpt2", "default" or no key
+  Llama3,  // "llama-bpe", "llama3", "llama-v3"; a word that is a token is not merged
+};
+
 // Everything a tokenizer needs, independent of the file it came from.
 struct Vocab {
   TokenizerKind kind = TokenizerKind::SentencePiece;
@@ -32,6 +40,7 @@ struct Vocab {
   std::vector<float> scores;          // SentencePiece merge priority, one per token
   std::vector<TokenType> types;       // one per token
   std::vector<std::string> merges;    // GPT-2: "left right", highest priority first
+  PreTokenizer pre = PreTokenizer::Gpt2;  // GPT-2 kind only
   int32_t bos_id = 1;
   int32_t eos_id = 2;
   int32_t unk_id = 0;
@@ -50,7 +59,9 @@ struct Vocab {
 // Throws kvserve::Error on a truncated or malformed file.
 Vocab load_llama2c_vocab(const std::string& path, int32_t vocab_size);
 
-// Reads tokenizer.ggml.* metadata (model "llama" or "gpt2").
+// Reads tokenizer.ggml.* metadata (model "llama" or "gpt2"). Throws
+// kvserve::Error on a model or a "gpt2" pre-tokenizer kvserve does not
+// implement, rather than tokenize with the wrong rules.
 Vocab load_gguf_vocab(const GgufFile& file);
 
 class Tokenizer {

@@ -2,6 +2,7 @@
 
 #include <unicode/uchar.h>
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 
@@ -41,6 +42,79 @@ CharClass classify(char32_t cp) {
   if (mask & U_GC_L_MASK) return CharClass::Letter;
   if (mask & U_GC_N_MASK) return CharClass::Number;
   return CharClass::Other;
+}
+
+// The code points of a text with their classes and byte offsets, so words
+// are cut in bytes and ill-formed bytes stay inside some word.
+struct CodePoints {
+  std::vector<char32_t> cps;       // (n)
+  std::vector<CharClass> classes;  // (n)
+  std::vector<size_t> offsets;     // (n + 1), in bytes; offsets[n] == text.size()
+
+  explicit CodePoints(std::string_view text) {
+    for (size_t pos = 0; pos < text.size();) {
+      size_t len;
+      char32_t cp = decode_utf8(text, pos, &len);
+      cps.push_back(cp);
+      classes.push_back(classify(cp));
+      offsets.push_back(pos);
+      pos += len;
+    }
+    offsets.push_back(text.size());
+  }
+  size_t size() const { return cps.size(); }
+  bool is(size_t i, CharClass c) const { return i < size() && classes[i] == c; }
+  // The end of the run of class c starting at i (i itself when cps[i] is not c).
+  size_t run_end(size_t i, CharClass c) const {
+    while (is(i, c)) ++i;
+    return i;
+  }
+};
+
+// Collects consecutive words, each from where the last one ended; positions
+// are code point indices.
+class WordCutter {
+ public:
+  WordCutter(std::string_view text, const CodePoints& cp) : text_(text), cp_(cp) {}
+  bool done() const { return start_ == cp_.size(); }
+  size_t start() const { return start_; }
+  void emit(size_t end) {
+    assert(end > start_ && end <= cp_.size());
+    words_.push_back(text_.substr(cp_.offsets[start_], cp_.offsets[end] - cp_.offsets[start_]));
+    start_ = end;
+  }
+  std::vector<std::string_view> words() { return std::move(words_); }
+
+ private:
+  std::string_view text_;
+  const CodePoints& cp_;
+  size_t start_ = 0;  // first code point of the next word
+  std::vector<std::string_view> words_;
+};
+
+// The end of the English contraction ('s 't 're 've 'm 'll 'd) at pos, or pos
+// when there is none. GPT-2 matches lower case only; Llama 3 either case.
+size_t contraction_end(const CodePoints& cp, size_t pos, bool any_case) {
+  auto letter = [&](size_t i, char lower) {
+    if (i >= cp.size()) return false;
+    return cp.cps[i] == char32_t(lower) || (any_case && cp.cps[i] == char32_t(lower - 'a' + 'A'));
+  };
+  if (cp.cps[pos] != '\'') return pos;
+  for (char c : {'s', 't', 'm', 'd'})
+    if (letter(pos + 1, c)) return pos + 2;
+  for (const char* pair : {"re", "ve", "ll"})
+    if (letter(pos + 1, pair[0]) && letter(pos + 2, pair[1])) return pos + 3;
+  return pos;
+}
+
+// '\s+(?!\S)|\s+' at the whitespace run starting at pos: before a non-space
+// the run stops one short, which leaves its last space to prefix the next
+// word; at the end of the text, or for a single space, it takes the whole run.
+size_t trailing_space_end(const CodePoints& cp, size_t pos) {
+  size_t end = cp.run_end(pos, CharClass::Space);
+  assert(end > pos);
+  if (end - pos > 1 && end < cp.size()) --end;
+  return end;
 }
 
 }  // namespace
@@ -117,68 +191,69 @@ std::string gpt2_unicode_to_bytes(std::string_view text) {
 }
 
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
-  // Code points with their byte offsets (offsets[n] == text.size()), so words
-  // are cut in bytes and ill-formed bytes stay inside some word.
-  std::vector<char32_t> cps;          // (n)
-  std::vector<CharClass> classes;     // (n)
-  std::vector<size_t> offsets;        // (n + 1), in bytes
-  for (size_t pos = 0; pos < text.size();) {
-    size_t len;
-    char32_t cp = decode_utf8(text, pos, &len);
-    cps.push_back(cp);
-    classes.push_back(classify(cp));
-    offsets.push_back(pos);
-    pos += len;
-  }
-  const size_t n = cps.size();
-  offsets.push_back(text.size());
-
-  std::vector<std::string_view> words;
-  size_t start = 0;  // first code point of the word being matched
-  auto emit = [&](size_t end) {
-    words.push_back(text.substr(offsets[start], offsets[end] - offsets[start]));
-    start = end;
-  };
-  auto is = [&](size_t i, CharClass c) { return i < n && classes[i] == c; };
-
-  while (start < n) {
-    const size_t pos = start;
-    const char32_t cp = cps[pos];
+  const CodePoints cp(text);
+  WordCutter cut(text, cp);
+  while (!cut.done()) {
+    const size_t pos = cut.start();
     // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive, as in GPT-2).
-    if (cp == '\'' && pos + 1 < n) {
-      const char32_t c1 = cps[pos + 1];
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-        emit(pos + 2);
-        continue;
-      }
-      if (pos + 2 < n) {
-        const char32_t c2 = cps[pos + 2];
-        if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-          emit(pos + 3);
-          continue;
-        }
-      }
+    if (size_t end = contraction_end(cp, pos, /*any_case=*/false); end > pos) {
+      cut.emit(end);
+      continue;
     }
     // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': one optional leading space
     // joins the run of one class that follows it.
-    const size_t run = cp == ' ' ? pos + 1 : pos;
-    if (run < n && classes[run] != CharClass::Space) {
-      const CharClass c = classes[run];
-      size_t end = run;
-      while (is(end, c)) ++end;
-      emit(end);
+    const size_t run = cp.cps[pos] == ' ' ? pos + 1 : pos;
+    if (run < cp.size() && cp.classes[run] != CharClass::Space) {
+      cut.emit(cp.run_end(run, cp.classes[run]));
       continue;
     }
-    // Whitespace. '\s+(?!\S)' stops one short of a following non-space, which
-    // leaves that last space to prefix the next word; at the end of the text,
-    // or for a single space, '\s+' takes the whole run.
-    size_t end = pos;
-    while (is(end, CharClass::Space)) ++end;
-    assert(end > pos);  // every other class was matched above
-    if (end - pos > 1 && end < n) --end;
-    emit(end);
+    cut.emit(trailing_space_end(cp, pos));
   }
-  return words;
+  return cut.words();
+}
+
+std::vector<std::string_view> llama3_pretokenize(std::string_view text) {
+  const CodePoints cp(text);
+  WordCutter cut(text, cp);
+  auto is_line_break = [&](size_t i) { return i < cp.size() && (cp.cps[i] == '\r' || cp.cps[i] == '\n'); };
+  while (!cut.done()) {
+    const size_t pos = cut.start();
+    const CharClass c = cp.classes[pos];
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d): ASCII letters of either case.
+    if (size_t end = contraction_end(cp, pos, /*any_case=*/true); end > pos) {
+      cut.emit(end);
+      continue;
+    }
+    // '[^\r\n\p{L}\p{N}]?\p{L}+': a letter run takes one character before it
+    // that is neither a letter, a number nor a line break (a space, a tab,
+    // punctuation), so "\tword" and "(word" stay one word each.
+    const bool may_prefix = c != CharClass::Letter && c != CharClass::Number && !is_line_break(pos);
+    const size_t letters = may_prefix && cp.is(pos + 1, CharClass::Letter) ? pos + 1 : pos;
+    if (cp.is(letters, CharClass::Letter)) {
+      cut.emit(cp.run_end(letters, CharClass::Letter));
+      continue;
+    }
+    // '\p{N}{1,3}': numbers in groups of at most three, from the left.
+    if (c == CharClass::Number) {
+      cut.emit(std::min(cp.run_end(pos, CharClass::Number), pos + 3));
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*': punctuation keeps the line breaks after it.
+    const size_t other = cp.cps[pos] == ' ' ? pos + 1 : pos;
+    if (cp.is(other, CharClass::Other)) {
+      size_t end = cp.run_end(other, CharClass::Other);
+      while (is_line_break(end)) ++end;
+      cut.emit(end);
+      continue;
+    }
+    // '\s*[\r\n]+': a whitespace run holding line breaks ends at its last one
+    // (the spaces after it indent the next line's first word).
+    assert(c == CharClass::Space);  // every other class was matched above
+    size_t end = cp.run_end(pos, CharClass::Space);
+    while (end > pos && !is_line_break(end - 1)) --end;
+    cut.emit(end > pos ? end : trailing_space_end(cp, pos));
+  }
+  return cut.words();
 }
 
 }  // namespace kvserve

@@ -1,5 +1,6 @@
 // Unicode helpers the tokenizers share: UTF-8 splitting and decoding, GPT-2's
-// byte <-> code point mapping, and GPT-2's pre-tokenizer.
+// byte <-> code point mapping, and the pre-tokenizers of byte-level BPE
+// vocabularies (GPT-2's and Llama 3's).
 //
 // All functions take arbitrary bytes: ill-formed UTF-8 never throws, so a
 // tokenizer can encode any input and keep every byte.
@@ -38,5 +39,14 @@ std::string gpt2_unicode_to_bytes(std::string_view text);
 // the Unicode White_Space property (llama.cpp's definition). The words are
 // views into text and concatenate back to it.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
+
+// Splits text as Llama 3's pre-tokenizer ("llama-bpe") does, with the regex
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// (one regex; `(?i:` folds ASCII letters only). Unlike GPT-2 it splits numbers
+// into groups of up to three digits, joins any one non-letter (not a line
+// break) to the letters after it, and keeps line breaks with the punctuation
+// or spaces before them. Classes and views as in gpt2_pretokenize.
+std::vector<std::string_view> llama3_pretokenize(std::string_view text);
 
 }  // namespace kvserve
