@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <variant>
 
 #include "model/gguf_reader.h"
 #include "model/unicode_text.h"
@@ -262,6 +264,60 @@ TEST(Tokenizer, LongTextIsFast) {
   EXPECT_LT(ids.size(), text.size() / 3);
   EXPECT_EQ(spm.decode(ids), text);
   EXPECT_EQ(gpt2.decode(gpt2.encode(text, false)), text);
+}
+
+// A shared vocabulary with token `id` turned into the user-defined `piece`.
+Tokenizer with_user_defined(const std::string& name, std::vector<std::pair<int32_t, std::string>> added) {
+  Vocab v = load_gguf_vocab(GgufFile(kVocabDir + name));
+  for (auto& [id, piece] : added) {
+    v.tokens[size_t(id)] = std::move(piece);
+    v.types[size_t(id)] = TokenType::UserDefined;
+  }
+  return Tokenizer(std::move(v));
+}
+
+// User-defined tokens are matched whole before BPE, as llama.cpp does even
+// when it does not parse special tokens; control tokens stay plain text.
+// Expected ids as llama.cpp gives them for these vocabularies (the bug
+// report's relabelled GGUFs): after a user-defined token SentencePiece adds
+// its space prefix again, so "world" is "▁world" (3186).
+TEST(Tokenizer, UserDefinedTokensAreMatchedWhole) {
+  const Tokenizer spm = with_user_defined("ggml-vocab-llama-spm.gguf", {{31999, "<|im_start|>"}});
+  EXPECT_EQ(spm.encode("Hello<|im_start|>world", false), (std::vector<int32_t>{15043, 31999, 3186}));
+  EXPECT_EQ(spm.encode("<|im_start|>Hello<|im_start|>", true), (std::vector<int32_t>{1, 31999, 15043, 31999}));
+  EXPECT_EQ(spm.encode("Hello world", false), (std::vector<int32_t>{15043, 3186}));
+  EXPECT_EQ(spm.decode(spm.encode("Hello<|im_start|>world", false)), "Hello<|im_start|> world");
+
+  const Tokenizer gpt2 = with_user_defined("ggml-vocab-gpt-2.gguf", {{50255, "<|im_start|>"}});
+  EXPECT_EQ(gpt2.encode("Hello<|im_start|>world", false), (std::vector<int32_t>{15496, 50255, 6894}));
+  EXPECT_EQ(gpt2.decode(gpt2.encode("Hello<|im_start|>world", false)), "Hello<|im_start|>world");
+  // <|endoftext|> is a control token: plain text.
+  const std::vector<int32_t> eot = gpt2.encode("<|endoftext|>", false);
+  EXPECT_GT(eot.size(), 1u);
+  EXPECT_EQ(std::count(eot.begin(), eot.end(), 50256), 0);
+}
+
+// Where user-defined tokens overlap the longer one wins: at the same place,
+// and, as llama.cpp cuts the longest out first, also against a shorter one
+// that starts further left.
+TEST(Tokenizer, UserDefinedTokensLongestFirst) {
+  const Tokenizer tok = with_user_defined(
+      "ggml-vocab-gpt-2.gguf", {{50253, "<a>"}, {50254, "<a><b>"}, {50255, "><bb"}});
+  auto ids = [&](std::initializer_list<std::variant<std::string, int32_t>> parts) {
+    std::vector<int32_t> out;
+    for (const auto& part : parts) {
+      if (const auto* id = std::get_if<int32_t>(&part)) {
+        out.push_back(*id);
+      } else {
+        for (int32_t t : tok.encode(std::get<std::string>(part), false)) out.push_back(t);
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(tok.encode("x<a><b>y<a>", false), ids({"x", 50254, "y", 50253}));
+  // "<a>" and "><bb" share the '>': the longer is cut first, "<a" stays text.
+  EXPECT_EQ(tok.encode("<a><bb", false), ids({"<a", 50255}));
+  EXPECT_EQ(tok.encode("<a>", false), ids({50253}));
 }
 
 TEST(UnicodeText, Gpt2Pretokenize) {

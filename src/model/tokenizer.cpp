@@ -176,6 +176,40 @@ std::vector<Symbol> merge_symbols(std::string_view text, Priority&& priority) {
   return syms;
 }
 
+// A stretch of the text to encode, or a user-defined token cut out of it.
+struct Fragment {
+  std::string_view text;  // empty for a token
+  int32_t token;          // -1 for text
+};
+
+// Cuts the user-defined tokens `ids` (longest first) out of text as llama.cpp
+// does: one token after the other, each at every place it occurs in the text
+// the tokens before it left, leftmost first. So where two overlap the longer
+// wins, even when the shorter starts further left. No fragment is empty.
+std::vector<Fragment> cut_user_defined(std::string_view text, const Vocab& v, std::span<const int32_t> ids) {
+  std::vector<Fragment> fragments{{text, -1}};
+  std::vector<Fragment> next;
+  for (int32_t id : ids) {
+    const std::string& piece = v.tokens[size_t(id)];
+    next.clear();
+    for (const Fragment& f : fragments) {
+      if (f.token >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      std::string_view rest = f.text;
+      for (size_t hit; (hit = rest.find(piece)) != std::string_view::npos;) {
+        if (hit > 0) next.push_back({rest.substr(0, hit), -1});
+        next.push_back({{}, id});
+        rest.remove_prefix(hit + piece.size());
+      }
+      if (!rest.empty()) next.push_back({rest, -1});
+    }
+    fragments.swap(next);
+  }
+  return fragments;
+}
+
 // The pre-tokenizer a "gpt2" vocabulary names. "default" and a missing key
 // (GGUFs older than the key) keep GPT-2's split, as kvserve did before it read
 // the key; llama.cpp splits those with a regex chain of its own, a known
@@ -330,6 +364,14 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
   token_to_id_.reserve(vocab_.tokens.size());
   // A later duplicate piece wins, as in llama.cpp.
   for (size_t i = 0; i < vocab_.tokens.size(); ++i) token_to_id_[vocab_.tokens[i]] = int32_t(i);
+  for (size_t i = 0; i < vocab_.tokens.size(); ++i) {
+    if (vocab_.types[i] == TokenType::UserDefined && !vocab_.tokens[i].empty())
+      user_defined_.push_back(int32_t(i));
+  }
+  // Longest first, so a token that contains another wins; equal lengths in id order.
+  std::stable_sort(user_defined_.begin(), user_defined_.end(), [&](int32_t a, int32_t b) {
+    return vocab_.tokens[size_t(a)].size() > vocab_.tokens[size_t(b)].size();
+  });
   if (vocab_.kind == TokenizerKind::Gpt2Bpe) {
     // Ranks become float merge priorities, exact below 2^24.
     if (vocab_.merges.size() > (size_t(1) << 24))
@@ -355,13 +397,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
   // Symbols index the text, grown up to 3x by "▁" escapes, with int32.
   if (text.size() > size_t(std::numeric_limits<int32_t>::max()) / 4)
     fail("cannot tokenize a text of {} bytes (limit 512 MiB)", text.size());
-  std::vector<int32_t> body =
-      vocab_.kind == TokenizerKind::SentencePiece ? encode_spm(text) : encode_gpt2(text);
-  ids.insert(ids.end(), body.begin(), body.end());
+  for (const Fragment& f : cut_user_defined(text, vocab_, user_defined_)) {
+    if (f.token >= 0) {
+      ids.push_back(f.token);
+      continue;
+    }
+    std::vector<int32_t> body =
+        vocab_.kind == TokenizerKind::SentencePiece ? encode_spm(f.text) : encode_gpt2(f.text);
+    ids.insert(ids.end(), body.begin(), body.end());
+  }
   return ids;
 }
 
 std::vector<int32_t> Tokenizer::encode_spm(std::string_view raw) const {
+  // Each stretch starts the text or follows a user-defined token, and
+  // llama.cpp prefixes both: "a<tok>b" encodes "▁b" after the token.
   std::string text;
   if (vocab_.add_space_prefix) text = kSpmSpace;
   text += replace_all(raw, " ", kSpmSpace);

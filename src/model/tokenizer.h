@@ -1,6 +1,8 @@
 // Tokenizers: SentencePiece-style BPE (llama2.c tokenizer .bin and GGUF
 // `llama` vocabularies) and GPT-2 byte-level BPE (GGUF `gpt2` vocabularies),
-// the latter with GPT-2's or Llama 3's ("llama-bpe") pre-tokenizer.
+// the latter with GPT-2's or Llama 3's ("llama-bpe") pre-tokenizer. In both,
+// user-defined tokens (GGUF token type 4) are matched as whole tokens in the
+// text before BPE.
 //
 // Both reproduce llama.cpp's tokenizers exactly (see tests/tokenizer_test.cpp,
 // which runs every vector in ../shared/vocab/).
@@ -68,8 +70,11 @@ class Tokenizer {
  public:
   explicit Tokenizer(Vocab vocab);
 
-  // Token ids of text; BOS first when add_bos. Special-token syntax in the text
-  // is treated as plain text.
+  // Token ids of text; BOS first when add_bos. User-defined tokens in the text
+  // become their own ids, longer ones first (as llama.cpp does, and Hugging
+  // Face with added tokens that are not special); the text between them is
+  // encoded stretch by stretch, each SentencePiece stretch with its own space
+  // prefix. Control-token syntax ("<s>", "<|eot_id|>") is plain text.
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
 
   // The bytes token `token` stands for when it follows `prev`; as llama2.c and
@@ -95,6 +100,7 @@ class Tokenizer {
   Vocab vocab_;
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::unordered_map<std::string, int32_t> merge_rank_;  // GPT-2: "left right" -> rank
+  std::vector<int32_t> user_defined_;  // UserDefined ids with non-empty text, longest first
 };
 
 }  // namespace kvserve
