@@ -168,7 +168,7 @@ TEST_F(SchedulerTest, TheOnlySequenceIsNeverPreemptedWhenItFits) {
 
 TEST_F(SchedulerTest, PrefixAwareOrderingAdmitsCachedPrefixesFirstButNotForever) {
   // Requests with an even prompt length "have a cached prefix" of 4 tokens.
-  hooks.cached_tokens = [](const Sequence& s) { return s.num_prompt() % 2 == 0 ? 4 : 0; };
+  hooks.cached_tokens = [](const Sequence& s, int32_t*) { return s.num_prompt() % 2 == 0 ? 4 : 0; };
   SchedulerOptions o;
   o.max_num_seqs = 1;
   o.max_skips = 2;

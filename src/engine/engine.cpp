@@ -95,10 +95,11 @@ PrefixHooks Engine::prefix_hooks() {
     if (seq.evicting() || seq.request().prompt_logprobs) return false;  // the latter needs every position's logits
     return exact_keys || !seq.policy || !seq.policy->selects_reads();
   };
-  h.cached_tokens = [this, shareable, takes_hits](Sequence& seq) {
+  h.cached_tokens = [this, shareable, takes_hits](Sequence& seq, int32_t* idle_blocks) {
+    if (idle_blocks) *idle_blocks = 0;
     if (!takes_hits(seq)) return 0;
     prefix_->block_keys(seq.scope, shareable(seq), seq.keys);
-    return prefix_->cached_tokens(seq.scope, seq.keys, seq.shareable_tokens());
+    return prefix_->cached_tokens(seq.scope, seq.keys, seq.shareable_tokens(), idle_blocks);
   };
   h.inflight_tokens = [this, shareable, takes_hits](Sequence& seq) {
     if (!takes_hits(seq)) return 0;
@@ -121,7 +122,7 @@ PrefixHooks Engine::prefix_hooks() {
     seq.checkpoint = m.checkpoint_tokens;
     return m.cached_tokens + (store_ ? load_from_tiers(seq) * cache_.block_size() : 0);
   };
-  h.unpin_all = [this] { return prefix_->unpin_all(); };
+  h.make_room = [this] { return prefix_->unpin_all() + prefix_->release_idle_sidecars(); };
   h.release = [this, shareable](Sequence& seq) {
     if (seq.evicting()) return cache_.release(seq.table);
     prefix_->block_keys(seq.scope, shareable(seq).first(size_t(std::min(seq.table.num_tokens, seq.shareable_tokens()))),

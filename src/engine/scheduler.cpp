@@ -64,10 +64,10 @@ size_t Scheduler::pick_waiting() {
   if (!options_.prefix_aware || !prefix_.cached_tokens || waiting_.front()->skipped >= options_.max_skips)
     return 0;
   size_t best = 0;
-  int32_t best_cached = prefix_.cached_tokens(*waiting_.front());
+  int32_t best_cached = prefix_.cached_tokens(*waiting_.front(), nullptr);
   const size_t n = std::min(waiting_.size(), size_t(options_.prefix_lookahead));
   for (size_t i = 1; i < n; ++i) {
-    const int32_t c = prefix_.cached_tokens(*waiting_[i]);
+    const int32_t c = prefix_.cached_tokens(*waiting_[i], nullptr);
     if (c > best_cached) best = i, best_cached = c;
   }
   for (size_t i = 0; i < best; ++i) ++waiting_[i]->skipped;
@@ -76,6 +76,20 @@ size_t Scheduler::pick_waiting() {
 
 bool Scheduler::admit(Sequence* seq, int32_t budget) {
   assert(seq->table.blocks.empty());
+  // The watermark keeps room for running decodes; with nothing running, the
+  // whole pool is the sequence's.
+  const int32_t watermark = running_.empty() ? 0 : watermark_;
+  // Refused before matching when even its whole in-memory prefix hit leaves
+  // too few blocks (staging aside): a match that is then rolled back counted
+  // as prefix-cache queries and hits, touched recency, fed pin-after-hits and
+  // read the tiers, at every step a sequence waited.
+  if (!seq->evicting()) {
+    int32_t idle = 0;
+    const int32_t peek = prefix_.cached_tokens ? prefix_.cached_tokens(*seq, &idle) : 0;
+    const int32_t least = cache_.blocks_for(int64_t(seq->tokens().size())) - peek / cache_.block_size();
+    // The hit's idle blocks stop being available once taken.
+    if (cache_.pool().num_available() - idle < least + watermark) return false;
+  }
   const int32_t matched = prefix_.match ? prefix_.match(*seq) : 0;
   seq->num_computed = matched;
   // Generated tokens of a fixed-steps sequence are replayed as decode steps.
@@ -90,13 +104,15 @@ bool Scheduler::admit(Sequence* seq, int32_t budget) {
                                           : seq->num_pending();
   // Staging slots (FP16 residual) only for the chunk this step writes; later
   // chunks take theirs when they run.
+  // The slots are those reserve() takes: one per block the chunk writes, from
+  // the block the next token lands in. (Counting one block more than that
+  // asked more than KvCache::fits promised a request, so a prompt the server
+  // accepted could wait forever on an idle server.)
   const int32_t first_chunk = std::min(budget, seq->chunk_limit());
-  const int32_t need = cache_.blocks_for(int64_t(seq->table.num_tokens) + reserve) -
-                       int32_t(seq->table.blocks.size()) +
-                       cache_.staging_cost_blocks() * (cache_.blocks_for(first_chunk) + 1);
-  // The watermark keeps room for running decodes; with nothing running, the
-  // whole pool is the sequence's.
-  const int32_t watermark = running_.empty() ? 0 : watermark_;
+  const int32_t n = seq->table.num_tokens;
+  const int32_t need = cache_.blocks_for(int64_t(n) + reserve) - int32_t(seq->table.blocks.size()) +
+                       cache_.staging_cost_blocks() * (cache_.blocks_for(int64_t(n) + first_chunk) -
+                                                       n / cache_.block_size());
   // Idle prefix-cache blocks count as free: allocation reclaims them.
   if (cache_.pool().num_available() < need + watermark || !cache_.reserve(seq->table, reserve, first_chunk)) {
     release(*seq);
@@ -150,14 +166,14 @@ SchedulePlan Scheduler::schedule() {
     const size_t pick = pick_waiting();
     Sequence* seq = waiting_[pick];
     if (options_.prefix_aware && prefix_.inflight_tokens && seq->skipped < options_.max_skips &&
-        prefix_.inflight_tokens(*seq) > prefix_.cached_tokens(*seq)) {
+        prefix_.inflight_tokens(*seq) > prefix_.cached_tokens(*seq, nullptr)) {
       ++seq->skipped;
       break;
     }
     if (!admit(seq, budget)) {
       // Nothing runs, so nothing else will free blocks: unpin and try again.
       const bool stuck = running_.empty() && plan.chunks.empty();
-      if (!stuck || !prefix_.unpin_all || prefix_.unpin_all() == 0 || !admit(seq, budget)) break;
+      if (!stuck || !prefix_.make_room || prefix_.make_room() == 0 || !admit(seq, budget)) break;
     }
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(pick));
     seq->state = SequenceState::Running;

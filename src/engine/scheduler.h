@@ -67,8 +67,10 @@ struct SchedulePlan {
 // How the scheduler reaches the prefix cache (optional). Both see a sequence
 // whose table is empty.
 struct PrefixHooks {
-  // Tokens of seq's prompt that are cached now, without taking them (for ordering).
-  std::function<int32_t(Sequence&)> cached_tokens;
+  // Tokens of seq's prompt that are cached now, without taking them (for
+  // ordering and for refusing early); *idle_blocks (may be null): how many
+  // of their blocks are idle.
+  std::function<int32_t(Sequence&, int32_t* idle_blocks)> cached_tokens;
   // Tokens of seq's prompt that running sequences are computing now and will
   // publish (not cached yet): admitting seq a step later turns them into hits.
   std::function<int32_t(Sequence&)> inflight_tokens;
@@ -77,10 +79,10 @@ struct PrefixHooks {
   std::function<int32_t(Sequence&)> match;
   // Gives the sequence's blocks back (publishing what is cacheable) and empties its table.
   std::function<void(Sequence&)> release;
-  // Unpins every pinned block; returns how many. Called when nothing runs and
-  // the next waiting sequence still does not fit: pins must not hold the
-  // queue up forever.
-  std::function<int32_t()> unpin_all;
+  // Unpins every pinned block and gives back idle blocks' staging slots;
+  // returns how many. Called when nothing runs and the next waiting sequence
+  // still does not fit: neither may hold the queue up forever.
+  std::function<int32_t()> make_room;
 };
 
 class Scheduler {

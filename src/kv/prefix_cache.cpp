@@ -140,8 +140,8 @@ int32_t PrefixCache::pin_cap() const {
   return int32_t(std::floor(options_.max_pinned_fraction * double(pool_.num_blocks())));
 }
 
-int32_t PrefixCache::cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys,
-                                   int32_t prompt_tokens) const {
+int32_t PrefixCache::cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens,
+                                   int32_t* idle_blocks) const {
   const TenantId id = account_of(scope);
   const double now = clock_.now();
   const int32_t bs = cache_.block_size();
@@ -153,7 +153,10 @@ int32_t PrefixCache::cached_tokens(const CacheScope& scope, std::span<const Bloc
     if (idle(it->second) && policy_->expired(it->second.meta, now)) break;
     hit.push_back(&it->second);
   }
-  return bs * usable_blocks(int32_t(hit.size()), [&](int32_t j) { return hit[size_t(j)]->sidecar; });
+  const int32_t use = usable_blocks(int32_t(hit.size()), [&](int32_t j) { return hit[size_t(j)]->sidecar; });
+  if (idle_blocks)
+    *idle_blocks = int32_t(std::count_if(hit.begin(), hit.begin() + use, [&](const Entry* e) { return idle(*e); }));
+  return bs * use;
 }
 
 int32_t PrefixCache::usable_blocks(int32_t found, const std::function<int32_t(int32_t)>& sidecar) const {
@@ -362,6 +365,18 @@ int32_t PrefixCache::unpin_all() {
     --pinned_;
     --accounts_[size_t(e.account)].pinned;
     pool_.release(e.block);  // may make it idle (on_idle)
+    ++n;
+  }
+  return n;
+}
+
+int32_t PrefixCache::release_idle_sidecars() {
+  int32_t n = 0;
+  for (auto& [key, e] : entries_) {
+    if (e.sidecar < 0 || !idle(e)) continue;
+    cache_.release_staging(e.sidecar);
+    e.sidecar = -1;
+    --sidecars_;
     ++n;
   }
   return n;

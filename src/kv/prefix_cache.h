@@ -216,8 +216,11 @@ class PrefixCache final : private BlockReclaimer {
 
   // Tokens match() would share now for this prompt, without taking them or
   // counting a query (the scheduler's prefix-aware ordering asks this of
-  // waiting requests). Expired blocks count as missing.
-  int32_t cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens) const;
+  // waiting requests). Expired blocks count as missing. idle_blocks (when
+  // given): how many of those blocks are idle, i.e. counted as available
+  // in the pool until match() takes them.
+  int32_t cached_tokens(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens,
+                        int32_t* idle_blocks = nullptr) const;
 
   // Publishes the table's final blocks (full, and sealed under a residual
   // window) that are not cached yet, in chain order, stopping at the first
@@ -241,6 +244,12 @@ class PrefixCache final : private BlockReclaimer {
   // evicted); returns how many. The scheduler's way out when pins alone keep
   // a waiting request from fitting.
   int32_t unpin_all();
+  // Gives back the FP16 staging slots (sidecars) idle blocks keep for later
+  // hits, with the pool blocks a byte budget paid for them; returns how many.
+  // Hits on those blocks then stop before the residual window. The other
+  // way out when nothing runs: a finished request's idle block kept a slot
+  // whose cost in blocks no admission counted as reclaimable.
+  int32_t release_idle_sidecars();
   // Drops idle blocks the policy says have expired (TTL); returns how many.
   int32_t expire();
   // Drops every cached block, pinned ones included.
