@@ -800,6 +800,16 @@ TEST_F(HttpServerTest, VllmSamplingExtensions) {
   r = post("/v1/completions", body);
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body["error"]["message"].get<std::string>().find("leave no token"), std::string::npos) << r.raw;
+  // Bans that leave nothing only after some tokens: still the request's own
+  // doing, a 400 (not a 500 engine error).
+  body.erase("min_tokens");
+  body["allowed_token_ids"] = {407};  // " upon"
+  body["bad_words"] = {"upon upon"};
+  r = post("/v1/completions", body);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("no token may be sampled"), std::string::npos)
+      << r.raw;
+  body.erase("bad_words");
 
   // Truncation keeps the prompt's last tokens: the same as sending them.
   const std::vector<int32_t> prompt = encode("Once upon a time, there was a cat");
@@ -807,11 +817,23 @@ TEST_F(HttpServerTest, VllmSamplingExtensions) {
   body = completion("Once upon a time, there was a cat", 8);
   body["truncate_prompt_tokens"] = 4;
   body["echo"] = true;
+  body["logprobs"] = 0;
   r = post("/v1/completions", body);
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], 4);
   const auto [want, n] = greedy(tail, 8);
-  EXPECT_EQ(r.body["choices"][0]["text"], tok.decode(tail) + want);
+  // The echo spells the kept tokens as their entries do (" was", with its
+  // space), so every text_offset points at its token in the text.
+  std::string echoed;
+  for (size_t t = 0; t < tail.size(); ++t) echoed += tok.decode_piece(t == 0 ? -1 : tail[t - 1], tail[t]);
+  const std::string echo_text = r.body["choices"][0]["text"];
+  EXPECT_EQ(echo_text, echoed + want);
+  const json& lp = r.body["choices"][0]["logprobs"];
+  for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+    const std::string token = lp["tokens"][k];
+    EXPECT_EQ(echo_text.substr(lp["text_offset"][k].get<size_t>(), token.size()), token) << k;
+  }
+  body.erase("logprobs");
   body["truncate_prompt_tokens"] = -1;  // the context length: nothing to cut here
   r = post("/v1/completions", body);
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt.size()) << r.raw;

@@ -417,7 +417,7 @@ void Engine::absorb_inbox() {
 }
 
 void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error,
-                    std::optional<TokenLogprobs> logprobs) {
+                    std::optional<TokenLogprobs> logprobs, bool request_error) {
   scheduler_.finish(seq);
   RequestEvent ev;
   ev.id = seq->id();
@@ -427,6 +427,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, int32_t token, std::stri
   ev.text = std::move(text);
   ev.finish = reason;
   ev.error = std::move(error);
+  ev.request_error = request_error;
   ev.usage = {seq->num_prompt(), seq->num_generated(), seq->cached_tokens};
   ev.ttft_seconds = seq->first_token_seconds > 0 ? seq->first_token_seconds - seq->arrival_seconds() : 0;
   ++local_.requests_finished;
@@ -465,7 +466,8 @@ void Engine::on_logits(Sequence* seq, const float* logits) {
   if (next < 0) {
     finish(seq, FinishReason::Error, -1, seq->take_held_text(),
            "no token may be sampled: allowed_token_ids, bad_words and the end tokens banned before min_tokens "
-           "exclude every token");
+           "exclude every token",
+           std::nullopt, /*request_error=*/true);
     return;
   }
   const double t = now();

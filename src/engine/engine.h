@@ -203,7 +203,7 @@ class Engine {
   bool run_step();                        // the body of step(), on the engine thread
   void absorb_inbox();
   void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {},
-              std::optional<TokenLogprobs> logprobs = std::nullopt);
+              std::optional<TokenLogprobs> logprobs = std::nullopt, bool request_error = false);
   void on_logits(Sequence* seq, const float* logits);
   // Why a request cannot be served, or nullopt (fills in the default sparsity).
   std::optional<std::string> check(Request& r) const;

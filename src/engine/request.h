@@ -41,6 +41,7 @@ struct RequestEvent {
   std::string text;               // its text (held back while it may start a stop string)
   FinishReason finish = FinishReason::None;  // != None: the last event of this request
   std::string error;              // with FinishReason::Error
+  bool request_error = false;     // with FinishReason::Error: the request's own options made it fail (a 400, not a 500)
   RequestUsage usage;             // up to date at every event
   double ttft_seconds = 0;        // arrival to first token (0 until known)
   // With Request::logprobs >= 0, for `token` (events without a token have none).

@@ -53,6 +53,7 @@ ApiError shutting_down() {
 ApiError finish_error(const RequestEvent& e) {
   if (e.finish == FinishReason::Cancelled)
     return error_of(503, "the server shut down before the request finished", "server_error", "server_shutting_down");
+  if (e.request_error) return error_of(400, e.error, "invalid_request_error", "invalid_request");
   return error_of(500, "the engine failed to run the request: " + e.error, "server_error", "engine_error");
 }
 
@@ -399,7 +400,9 @@ std::string HttpServer::metrics_text() const {
   return render_metrics(engine_.stats(), m);
 }
 
-std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t prompt, Request* r) const {
+std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t prompt, Request* r,
+                                            bool* truncated) const {
+  *truncated = false;
   const bool chat = cr.endpoint == Endpoint::ChatCompletions;
   const std::string param = chat ? "messages" : "prompt";
   if (chat) {
@@ -423,7 +426,10 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   }
   if (cr.truncate_prompt_tokens != 0) {  // vLLM's: the prompt's last N tokens (BOS may go)
     const size_t keep = size_t(cr.truncate_prompt_tokens < 0 ? context_length_ : cr.truncate_prompt_tokens);
-    if (r->prompt.size() > keep) r->prompt.erase(r->prompt.begin(), r->prompt.end() - long(keep));
+    if (r->prompt.size() > keep) {
+      r->prompt.erase(r->prompt.begin(), r->prompt.end() - long(keep));
+      *truncated = true;
+    }
   }
   if (r->prompt.empty()) return invalid_request("the prompt has no tokens", param, "invalid_value");
   r->pin_prefix = cr.kv.pin;
@@ -698,8 +704,12 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   // One engine request per prompt (chat: one) and choice.
   const size_t n_prompts = endpoint == Endpoint::ChatCompletions ? 1 : cr.prompts.size();
   std::vector<Request> prompts(n_prompts);
+  std::vector<char> truncated(n_prompts, 0);
   for (size_t p = 0; p < n_prompts; ++p) {
-    if (auto e = prepare(cr, p, &prompts[p])) {
+    bool cut = false;
+    std::optional<ApiError> e = prepare(cr, p, &prompts[p], &cut);
+    truncated[p] = cut;
+    if (e) {
       if (n_prompts > 1) e->message = fmt::format("prompt {}: {}", p, e->message);
       send_error(res, *e);
       return;
@@ -728,8 +738,12 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
     if (!cr.echo) continue;
     if (!x.first_of_prompt) {  // the prompt's first choice has its text already
       x.echo_text = c->choices[k - k % size_t(cr.n)].echo_text;
-    } else if (cr.prompts[p].is_tokens || cr.truncate_prompt_tokens != 0) {  // the tokens the model saw
-      x.echo_text = tokenizer_ ? tokenizer_->decode(prompt) : std::string();
+    } else if (cr.prompts[p].is_tokens || truncated[p]) {
+      // The tokens the model saw, spelled as their log-probability entries
+      // spell them, so text_offset points into this text.
+      if (tokenizer_)
+        for (size_t t = 0; t < prompt.size(); ++t)
+          x.echo_text += tokenizer_->decode_piece(t == 0 ? -1 : prompt[t - 1], prompt[t]);
     } else {
       x.echo_text = cr.prompts[p].text;
     }
@@ -867,10 +881,7 @@ void HttpServer::respond_whole(httplib::Response& res, std::shared_ptr<Completio
       x.text += x.utf8.finish();
       x.finished = true;
       x.last = std::move(e);
-      if (x.last.finish != FinishReason::Stop && x.last.finish != FinishReason::Length) {
-        failed = &x;
-        break;
-      }
+      if (x.last.finish != FinishReason::Stop && x.last.finish != FinishReason::Length && !failed) failed = &x;
     }
     c->finished = failed || c->all_finished();
   }

@@ -113,7 +113,8 @@ class HttpServer {
   void handle_cache_events(const httplib::Request& req, httplib::Response& res);
   // The engine request for prompt `prompt` of a parsed request (chat: its
   // messages), or the 400.
-  std::optional<ApiError> prepare(const CompletionRequest& cr, size_t prompt, Request* out) const;
+  // *truncated: truncate_prompt_tokens cut the prompt.
+  std::optional<ApiError> prepare(const CompletionRequest& cr, size_t prompt, Request* out, bool* truncated) const;
   void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
   void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c);
   bool stream_step(Completion& c, std::string* out);  // true when the last event was written into *out
