@@ -54,6 +54,16 @@ class EngineTest : public ::testing::Test {
     GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
     return std::vector<int32_t>(r.tokens.begin() + long(prompt.size()), r.tokens.end());
   }
+  // Two threads, 40 blocks of 4 tokens and prefill chunks of 7: prompts
+  // arrive in chunks of a few tokens and sequences preempt each other.
+  static EngineOptions chunked_tight_options() {
+    EngineOptions o;
+    o.threads = 2;
+    o.kv.block_size = 4;
+    o.kv.num_blocks = 40;
+    o.scheduler.max_batch_prefill_tokens = 7;
+    return o;
+  }
   Request request(const std::string& text, int32_t max_tokens, std::map<RequestId, Collected>& out) {
     Request r;
     r.prompt = tok->encode(text, true);
@@ -123,11 +133,7 @@ TEST_F(EngineTest, BatchedRequestsEqualEachRunAlone) {
 }
 
 TEST_F(EngineTest, ChunkedPrefillAndPreemptionKeepOutputsExact) {
-  EngineOptions o;
-  o.threads = 2;
-  o.kv.block_size = 4;
-  o.kv.num_blocks = 40;                     // 160 tokens for 8 sequences of up to ~75: preemption
-  o.scheduler.max_batch_prefill_tokens = 7; // prompts arrive in chunks of a few tokens
+  EngineOptions o = chunked_tight_options();  // 160 tokens for 8 sequences of up to ~75: preemption
   o.scheduler.max_num_seqs = 6;
   const EngineStats s = expect_batched_equals_alone(*this, o, 60);
   EXPECT_GT(s.preemptions, 0);
@@ -250,11 +256,7 @@ TEST_F(EngineTest, TopkOnALossyCacheGivesTheSameTextTwice) {
 // (still idle in memory, or loaded back from a host tier once evicted from
 // it) and recomputes only the rest: vLLM's swap-to-host, through the cache.
 TEST_F(EngineTest, PreemptedSequencesGetTheirBlocksBackInsteadOfRecomputingThem) {
-  EngineOptions o;
-  o.threads = 2;
-  o.kv.block_size = 4;
-  o.kv.num_blocks = 40;
-  o.scheduler.max_batch_prefill_tokens = 7;
+  EngineOptions o = chunked_tight_options();
   o.scheduler.max_num_seqs = 6;
   EngineOptions plain = o;
   plain.prefix_caching = false;
@@ -424,11 +426,7 @@ TEST_F(EngineTest, EndTokensCountAndMinTokensHoldThemBack) {
 // Prompt log-probabilities (echo) come once per prompt token whatever the
 // chunking and preemption, equal to one direct pass over the prompt.
 TEST_F(EngineTest, PromptLogprobsSurviveChunksAndPreemption) {
-  EngineOptions o;
-  o.threads = 2;
-  o.kv.block_size = 4;
-  o.kv.num_blocks = 40;
-  o.scheduler.max_batch_prefill_tokens = 7;
+  const EngineOptions o = chunked_tight_options();
   Engine engine(*model, o);
   std::map<RequestId, std::vector<TokenLogprobs>> got;
   std::map<RequestId, size_t> which;
@@ -801,7 +799,7 @@ TEST_F(EnginePrefixTest, WaitingRequestsAreNotCountedAsPrefixQueries) {
   engine.run_until_idle();
   const int64_t queries_before = engine.stats().prefix.counters.queries;
   std::vector<RequestId> ids;
-  for (const std::string& name : {" Tom", " Sue", " Max", " Ben", " Mia", " Sam"}) {
+  for (const char* name : {" Tom", " Sue", " Max", " Ben", " Mia", " Sam"}) {
     Request r = request(system + name + " had a dog.", 40, out);
     r.stop_at_eos = false;
     ids.push_back(engine.submit(r).id);

@@ -230,12 +230,11 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
   // 3,215 blocks read from Redis for 437 used).
   const int32_t prompt_blocks = cache_.blocks_for(int64_t(seq.tokens().size())) - int32_t(seq.table.blocks.size());
   if (cache_.pool().num_available() < prompt_blocks) return 0;
-  const int32_t wanted = eligible - have;
   skipped_since_probe_ = 0;
   ++local_.tier_lookups;
   Timer timer;
   const std::vector<LoadedBlock> found =
-      store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(wanted)), ChainTag(seq.keys[0]));
+      store_->lookup(std::span(seq.keys).subspan(size_t(have), size_t(eligible - have)), ChainTag(seq.keys[0]));
   int32_t loaded = int32_t(found.size());
   // Imported blocks arrive sealed: no staging slots. No room: compute them later, or wait.
   if (loaded > 0 && !cache_.reserve(seq.table, loaded * bs, 0)) loaded = 0;

@@ -99,13 +99,14 @@ const float* Sampler::adjust(const float* logits, int32_t vocab, const SamplingC
 
 int32_t Sampler::sample(const float* raw_logits, int32_t vocab, const SamplingContext& context) {
   const float* logits = adjust(raw_logits, vocab, context);
-  if (logits[argmax(logits, vocab)] == -std::numeric_limits<float>::infinity()) return -1;  // everything banned
+  const int32_t best = argmax(logits, vocab);
+  const float top = logits[best];
+  if (top == -std::numeric_limits<float>::infinity()) return -1;  // everything banned
   // Below vLLM's sampling epsilon a temperature is greedy: dividing by it
   // would overflow the logits (1e-39 sampled the last token every time).
-  if (options_.temperature < kGreedyTemperature) return argmax(logits, vocab);
+  if (options_.temperature < kGreedyTemperature) return best;
 
   // Shifted by the largest logit before dividing, so no value overflows.
-  const float top = logits[argmax(logits, vocab)];
   candidates_.resize(size_t(vocab));
   for (int32_t i = 0; i < vocab; ++i) candidates_[size_t(i)] = {(logits[i] - top) / options_.temperature, i};
   auto by_prob = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };

@@ -416,10 +416,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
     }
   } else if (cr.prompts[prompt].is_tokens) {
     r->prompt = cr.prompts[prompt].tokens;
-    const int32_t vocab = engine_.config().vocab_size;
-    for (int32_t t : r->prompt)
-      if (t >= vocab) return invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", t, vocab),
-                                             "prompt", "invalid_value");
+    if (auto e = check_token_ids(r->prompt, "", "prompt")) return e;
   } else {
     if (!tokenizer_) return invalid_request("this model has no vocabulary; send the prompt as token ids", "prompt", "invalid_value");
     r->prompt = tokenizer_->encode(cr.prompts[prompt].text, tokenizer_->add_bos_default());
@@ -479,19 +476,11 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   if (cr.min_tokens > max_tokens)
     return invalid_request(fmt::format("'min_tokens' ({}) is more than max_tokens ({})", cr.min_tokens, max_tokens),
                            "min_tokens", "invalid_value");
-  const int32_t vocab = engine_.config().vocab_size;
-  for (int32_t t : cr.stop_token_ids)
-    if (t >= vocab) return invalid_request(fmt::format("stop token id {} is out of range (the vocabulary has {} tokens)",
-                                                       t, vocab),
-                                           "stop_token_ids", "invalid_value");
-  for (const auto& [t, bias] : cr.sampling.logit_bias)
-    if (t >= vocab) return invalid_request(fmt::format("logit_bias token id {} is out of range (the vocabulary has {} "
-                                                       "tokens)", t, vocab),
-                                           "logit_bias", "invalid_value");
-  for (int32_t t : cr.allowed_token_ids)
-    if (t >= vocab) return invalid_request(fmt::format("allowed token id {} is out of range (the vocabulary has {} "
-                                                       "tokens)", t, vocab),
-                                           "allowed_token_ids", "invalid_value");
+  std::vector<int32_t> biased;
+  for (const auto& [t, bias] : cr.sampling.logit_bias) biased.push_back(t);
+  if (auto e = check_token_ids(cr.stop_token_ids, "stop ", "stop_token_ids")) return e;
+  if (auto e = check_token_ids(biased, "logit_bias ", "logit_bias")) return e;
+  if (auto e = check_token_ids(cr.allowed_token_ids, "allowed ", "allowed_token_ids")) return e;
   if (!cr.bad_words.empty() && !tokenizer_)
     return invalid_request("this model has no vocabulary, so it cannot read bad words", "bad_words", "invalid_value");
   r->max_tokens = int32_t(max_tokens);
@@ -526,6 +515,17 @@ std::optional<AuthResult> HttpServer::authenticate(const httplib::Request& req, 
                                ? "this server requires an API key (Authorization: Bearer KEY)"
                                : "the API key is not valid",
                            "invalid_request_error", "invalid_api_key"));
+  return std::nullopt;
+}
+
+std::optional<ApiError> HttpServer::check_token_ids(std::span<const int32_t> ids, std::string_view what,
+                                                    const char* param) const {
+  // The parser refused negative ids; the vocabulary is the model's.
+  const int32_t vocab = engine_.config().vocab_size;
+  for (int32_t t : ids)
+    if (t >= vocab)
+      return invalid_request(fmt::format("{}token id {} is out of range (the vocabulary has {} tokens)", what, t, vocab),
+                             param, "invalid_value");
   return std::nullopt;
 }
 
@@ -592,13 +592,9 @@ void HttpServer::handle_detokenize(const httplib::Request& req, const std::strin
     send_error(res, invalid_request("this model has no vocabulary, so it cannot detokenize", "tokens", "invalid_value"));
     return;
   }
-  for (int32_t id : d.tokens) {
-    if (id >= tokenizer_->vocab_size()) {
-      send_error(res, invalid_request(fmt::format("token id {} is out of range (the vocabulary has {} tokens)", id,
-                                                  tokenizer_->vocab_size()),
-                                      "tokens", "invalid_value"));
-      return;
-    }
+  if (auto e = check_token_ids(d.tokens, "", "tokens")) {
+    send_error(res, *e);
+    return;
   }
   // The same text a completion of these tokens carries (valid UTF-8).
   send_json(res, 200, {{"prompt", sanitize_utf8(tokenizer_->decode(d.tokens))}});

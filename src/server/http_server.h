@@ -35,7 +35,9 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "engine/engine.h"
@@ -107,6 +109,9 @@ class HttpServer {
   void handle_detokenize(const httplib::Request& req, const std::string& body, httplib::Response& res);
   // The caller's API key, or nullopt after sending the 401.
   std::optional<AuthResult> authenticate(const httplib::Request& req, httplib::Response& res) const;
+  // The 400 for the first id past the vocabulary ("{what}token id N is out
+  // of range ..."), naming `param`.
+  std::optional<ApiError> check_token_ids(std::span<const int32_t> ids, std::string_view what, const char* param) const;
   // Whether `model` is the served model; false after sending the 400.
   bool check_model(const std::string& model, httplib::Response& res) const;
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
