@@ -504,9 +504,11 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
             const __m256i o = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[i][2 * h + 1] + 8 * half));
             const __m256i l = _mm256_unpacklo_epi32(e, o), r = _mm256_unpackhi_epi32(e, o);
             float* dst = out + size_t(i) * hd + unit * 64 + 32 * half + 16 * h;
+            // Both immediates spelled out: a debug build (-O0/-O1) does not fold q.
+            const __m256i halves[2] = {_mm256_permute2x128_si256(l, r, 0x20), _mm256_permute2x128_si256(l, r, 0x31)};
             #pragma GCC unroll 4
             for (int q = 0; q < 2; ++q) {
-              const __m256i v = _mm256_permute2x128_si256(l, r, q == 0 ? 0x20 : 0x31);
+              const __m256i v = halves[q];
               _mm256_storeu_ps(dst + 8 * q, _mm256_add_ps(_mm256_loadu_ps(dst + 8 * q),
                                                           _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(step[i]),
                                                                           _mm256_set1_ps(bias[i]))));
@@ -597,15 +599,19 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       }
     }
     #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i)
+    for (int i = 0; i < NQ; ++i) {
+      // Both immediates spelled out: a debug build (-O0/-O1) does not fold h.
+      const __m256i halves[2] = {_mm256_permute2x128_si256(acc[i][0], acc[i][1], 0x20),
+                                 _mm256_permute2x128_si256(acc[i][0], acc[i][1], 0x31)};
       #pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {  // channels c0 + 8h .. c0 + 8h + 7
-        const __m256i v = _mm256_permute2x128_si256(acc[i][0], acc[i][1], h == 0 ? 0x20 : 0x31);
+        const __m256i v = halves[h];
         float* o = out + size_t(i) * shape_.head_dim + c0 + 8 * h;
         _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
                                                                                 _mm256_set1_ps(step[i]),
                                                                                 _mm256_set1_ps(bias[i]))));
       }
+    }
   }
 #endif
 
