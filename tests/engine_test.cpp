@@ -784,6 +784,35 @@ TEST_F(EnginePrefixTest, RequestsWithinAByteBudgetsLimitAlwaysRun) {
   }
 }
 
+// Several requests under a byte budget, preempted and recomputed: a running
+// prefill whose next chunk found no staging room (the idle cached block's
+// sidecar held it) got no chunk, nothing else ran, and the engine slept with
+// requests queued (a helper's int4-small server at 160 KiB stopped after a
+// few preemptions, every time).
+TEST_F(EnginePrefixTest, ConcurrentRequestsUnderAByteBudgetAllFinish) {
+  EngineOptions o;
+  o.threads = 1;
+  apply_kv_preset(o.kv, "int4-small");
+  o.kv.budget_bytes = 160 << 10;
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, o);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    Request r = request("", 40, out);
+    r.prompt = {1};
+    for (int32_t k = 0; k < 50; ++k) r.prompt.push_back(3 + (i * 131 + k * 37) % 509);
+    r.stop_at_eos = false;
+    ids.push_back(engine.submit(r).id);
+  }
+  engine.run_until_idle();
+  for (RequestId id : ids) {
+    EXPECT_EQ(out[id].finish, FinishReason::Length) << id;
+    EXPECT_EQ(out[id].tokens.size(), 40u) << id;
+  }
+  EXPECT_GT(engine.stats().preemptions, 0);
+  EXPECT_EQ(engine.stats().kv.blocks_used, 0);
+}
+
 // A request waiting for room does not look the prefix cache up at every
 // step: match() runs once per admission, so its counters, recency and
 // pin-after-hits see admissions only (a helper saw 43,662 query tokens

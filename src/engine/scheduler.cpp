@@ -190,6 +190,18 @@ SchedulePlan Scheduler::schedule() {
     plan.prefill_tokens += n;
     plan.chunks.push_back({seq, n});
   }
+
+  // 5. Sequences run but none got a chunk: each is a prefill whose next chunk
+  // found no room (its FP16 staging slots are taken chunk by chunk), and
+  // nothing in flight will free any. An empty plan put the engine to sleep
+  // with requests queued (a helper's int4-small server at 160 KiB: one
+  // recompute stuck, the rest waiting until their clients gave up). Idle
+  // cached blocks' sidecars and pins go first; then the youngest running
+  // sequence makes way, as a decode step would preempt it.
+  if (plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty() && !running_.empty()) {
+    if (prefix_.make_room && prefix_.make_room() > 0) return schedule();  // frees nothing the second time
+    preempt(running_.back(), plan);
+  }
   return plan;
 }
 
