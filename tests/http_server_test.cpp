@@ -995,6 +995,36 @@ TEST_F(HttpServerTest, RequestLimitsFollowTheRequestsKvPolicy) {
   EXPECT_EQ(sinks.body["usage"]["completion_tokens"], 600);
   const EngineStats s = stats_when([](const EngineStats& s) { return s.requests_finished == 2; });
   EXPECT_EQ(s.kv.blocks_used, 0);
+  // Positions within the cache reach the budget plus the chunk being written:
+  // past the context this was accepted and failed mid-generation, with a 500
+  // for every request in its batch.
+  const Reply near = ask(600, {{"policy", "sinks"}, {"budget", 510}});
+  EXPECT_EQ(near.status, 400) << near.raw;
+  EXPECT_EQ(near.body["error"]["code"], "unsupported_kv_config") << near.raw;
+  EXPECT_NE(near.raw.find("past the context length of 512"), std::string::npos) << near.raw;
+}
+
+// A request naming the server's own policy ran it with that policy's
+// defaults, dropping the sinks, window and scope the server was started with.
+TEST_F(HttpServerTest, ARequestNamingTheServersPolicyKeepsItsTuning) {
+  EngineOptions eo;
+  eo.sparsity.policy = "h2o";
+  eo.sparsity.budget = 24;
+  eo.sparsity.window = 1;
+  eo.sparsity.scope = SparsityScope::Aggregate;
+  eo.sparsity.score = H2oScore::Mean;
+  start(eo);
+  auto ask = [&](const json& kv) {
+    json b = completion("Once upon a time, there was a little dog named Max. He liked to run", 80);
+    b["ignore_eos"] = true;
+    if (!kv.is_null()) b["kv"] = kv;
+    const Reply r = post("/v1/completions", b);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["choices"][0]["text"].get<std::string>() : r.raw;
+  };
+  const std::string served = ask(nullptr);
+  EXPECT_EQ(ask({{"policy", "h2o"}}), served);
+  EXPECT_EQ(ask({{"policy", "h2o"}, {"budget", 24}}), served);
 }
 
 // httplib (0.11) caps a body with a Content-Length but would buffer a

@@ -317,6 +317,33 @@ TEST_F(StoriesSparsity, EvictingGenerationFreesBlocks) {
   EXPECT_EQ(f.kv_bytes_used.back(), 19 * block);
 }
 
+// Positions within the cache reach the live tokens plus the chunk being
+// written: a budget near the context with the default 512-token chunks
+// failed mid-prefill ("sequence of N tokens exceeds the model's context
+// length"); generate() now writes such prompts in smaller chunks, and a
+// budget that leaves no room for a new token is refused before any work.
+TEST_F(StoriesSparsity, SinksNearTheContextShrinkPromptChunksToFit) {
+  KvCacheOptions o = kv_options(true);
+  o.num_blocks = 64;
+  KvCache cache(model->config(), o);
+  const int32_t ctx = model->config().seq_len;
+  std::vector<int32_t> prompt;
+  while (int32_t(prompt.size()) < ctx + 100) prompt.insert(prompt.end(), tokens.begin(), tokens.end());
+  prompt.resize(size_t(ctx + 100));
+  GenerateOptions g;
+  g.max_tokens = ctx + 140;
+  g.sampling.temperature = 0;
+  g.stop_at_eos = false;
+  g.prefill_chunk = 512;
+  g.sparsity = policy("sinks", ctx - 12);
+  const GenerateResult r = generate(*tf, cache, prompt, g, [](int32_t, int32_t) {}, 1, 2);
+  EXPECT_GE(int32_t(r.tokens.size()), ctx + 140);  // past the context, every position computed
+  EXPECT_EQ(cache.stats().blocks_used, 0);
+  g.sparsity = policy("sinks", ctx);
+  testing_files::expect_error_containing([&] { generate(*tf, cache, prompt, g, [](int32_t, int32_t) {}, 1, 2); },
+                                         "leaves no room in the context length");
+}
+
 TEST_F(StoriesSparsity, StreamingPerplexityWithFullEqualsThePlainProtocol) {
   std::ifstream in(testing_files::kTinyStories);
   std::stringstream text;

@@ -344,5 +344,78 @@ TEST(SparsityOptions, RejectsOptionsThatDoNotFit) {
             "sinks budget 8 (sinks 4, window 4, cache positions)");
 }
 
+// Sinks at or past the budget left window and snapkv a negative window: their
+// eviction then read past the live slots (a probe saw "slot -1051619142").
+TEST(SparsityOptions, RejectsSinksThatLeaveNoWindow) {
+  KvCache cache(two_heads(), KvCacheOptions{});
+  for (const char* name : {"window", "snapkv"}) {
+    SparsityOptions so = policy(name, 5);
+    so.sinks = 8;
+    expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, "leaves no window in --kv-budget 5");
+    so.sinks = 5;
+    expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, "leaves no window");
+    so.sinks = 4;
+    EXPECT_GE(resolve_sparsity_options(so, cache).window, 1) << name;
+  }
+  // window and sinks keep the last B - S: another window is a contradiction.
+  SparsityOptions so = policy("window", 64);
+  so.window = 10;
+  expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, "--kv-window 10 says otherwise");
+  so.window = 64;
+  EXPECT_EQ(resolve_sparsity_options(so, cache).window, 64);
+}
+
+// A knob the policy never reads was accepted and silently ignored.
+TEST(SparsityOptions, RejectsKnobsThePolicyDoesNotRead) {
+  KvCache cache(two_heads(), KvCacheOptions{});
+  auto refused = [&](SparsityOptions so, const char* message) {
+    expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, message);
+  };
+  SparsityOptions so = policy("full", 64);
+  refused(so, "--kv-budget applies to a sparsity policy");
+  so = policy("topk", 64);
+  so.sinks = 4;
+  refused(so, "do not apply to --kv-policy topk");
+  so = policy("h2o", 64);
+  so.observe = 8;
+  refused(so, "--kv-observe and --kv-pool apply to --kv-policy snapkv only");
+  so = policy("window", 64);
+  so.ann_backend = KeyIndexBackend::IvfPq;
+  refused(so, "apply to --kv-policy ann only");
+  so = policy("window", 64);
+  so.scope = SparsityScope::Aggregate;
+  refused(so, "--kv-scope applies to h2o and snapkv");
+  so = policy("snapkv", 64);
+  so.score = H2oScore::Mean;
+  refused(so, "--kv-score applies to h2o");
+  so = policy("ann", 64);
+  so.compact_slack = 16;
+  refused(so, "--kv-compact-slack applies to evicting policies only");
+  // The knobs of the policies that read them still pass.
+  so = policy("snapkv", 64);
+  so.observe = 8;
+  so.pool = 3;
+  EXPECT_EQ(resolve_sparsity_options(so, cache).pool, 3);
+  EXPECT_EQ(resolve_sparsity_options(policy("snapkv", 64), cache).pool, 7);
+}
+
+// The FP16 residual window is counted in slots: compacting at every eviction
+// packed the newest tokens into encoded blocks (window-64 q4_0 PPL 11.3
+// against 6.1 at one block of slack).
+TEST(SparsityOptions, RefusesCompactingWithinABlockOnAStagedCache) {
+  KvCacheOptions o;
+  o.k.dtype = o.v.dtype = KvDType::INT4;
+  KvCache staged(two_heads(), o);
+  ASSERT_TRUE(staged.staged());
+  SparsityOptions so = policy("window", 16);
+  so.compact_slack = staged.block_size() - 1;
+  expect_error_containing([&] { (void)resolve_sparsity_options(so, staged); }, "below one block");
+  so.compact_slack = staged.block_size();
+  EXPECT_NO_THROW((void)resolve_sparsity_options(so, staged));
+  so.compact_slack = 0;
+  KvCache floats(two_heads(), KvCacheOptions{});
+  EXPECT_NO_THROW((void)resolve_sparsity_options(so, floats));
+}
+
 }  // namespace
 }  // namespace kvserve

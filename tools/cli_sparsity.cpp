@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "tools/cli_common.h"
+#include "util/error.h"
 
 namespace kvserve::cli {
 
@@ -17,7 +18,7 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
       ->check(CLI::Range(0, std::numeric_limits<int32_t>::max()));
   cmd.add_option("--kv-observe", o.observe, "snapkv: queries whose attention scores the tokens (default min(32, budget/2))")
       ->check(CLI::Range(1, std::numeric_limits<int32_t>::max()));
-  cmd.add_option("--kv-pool", o.pool, "snapkv: max-pool width over neighbouring tokens (odd; 1 = none)")->capture_default_str();
+  cmd.add_option("--kv-pool", o.pool, "snapkv: max-pool width over neighbouring tokens (odd; 1 = none; default 7)");
   cmd.add_option("--kv-horizon", o.horizon, "h2o/snapkv: evict tokens further back than this first (0 = no horizon)");
   cmd.add_option("--kv-scope", f.scope, "h2o/snapkv: head (a keep set per layer and KV head, default) | aggregate");
   cmd.add_option("--kv-score", f.score, "h2o: sum (attention received, default) | mean (per query since arrival)");
@@ -32,6 +33,15 @@ void add_sparsity_options(CLI::App& cmd, SparsityFlags& f) {
 
 SparsityOptions sparsity_options(const SparsityFlags& f) {
   SparsityOptions o = f.options;
+  // Flags the policy does not read are errors (the numeric ones are checked
+  // with the policy itself, resolve_sparsity_options).
+  const std::string& p = o.policy;
+  if (!f.scope.empty() && p != "h2o" && p != "snapkv") fail("--kv-scope applies to --kv-policy h2o and snapkv only");
+  if (!f.score.empty() && p != "h2o") fail("--kv-score applies to --kv-policy h2o only");
+  if ((!f.ann.empty() || !f.ann_transform.empty()) && p != "ann")
+    fail("--kv-ann and --kv-ann-transform apply to --kv-policy ann only");
+  if (!f.positions.empty() && (p == "full" || p == "topk" || p == "ann"))
+    fail("--kv-positions applies to evicting policies only (window, sinks, h2o, snapkv)");
   if (!f.scope.empty()) o.scope = parse_sparsity_scope(f.scope);
   if (!f.score.empty()) o.score = parse_h2o_score(f.score);
   if (!f.positions.empty()) o.positions = parse_sparsity_positions(f.positions);

@@ -69,7 +69,7 @@ struct SparsityOptions {
   int32_t window = -1;          // most recent tokens always kept; -1 = the policy's default
                                 // (h2o, ann: budget / 2, snapkv: the observation window, topk: none)
   int32_t observe = -1;         // snapkv: queries whose attention is pooled; -1 = min(32, budget / 2)
-  int32_t pool = 7;             // snapkv: max-pool width over neighbouring slots (odd; 1 = none)
+  int32_t pool = -1;            // snapkv: max-pool width over neighbouring slots (odd; 1 = none); -1 = 7
   int32_t horizon = 0;          // h2o/snapkv: tokens further back than this many positions are
                                 // evicted first, oldest first (sinks excepted); 0 = no horizon
   SparsityScope scope = SparsityScope::Head;

@@ -42,6 +42,8 @@ Engine::Engine(const Model& model, const EngineOptions& options)
       epoch_(std::chrono::steady_clock::now()) {
   if (options.threads < 0) fail("threads must be >= 0 (got {})", options.threads);
   if (options.max_waiting <= 0) fail("the waiting queue must hold at least one request (got {})", options.max_waiting);
+  // The default policy of requests that name none: refused here, not at every request.
+  (void)resolve_sparsity_options(options.sparsity, cache_);
   tokenizer_ = model.tokenizer();
   if (tokenizer_) {
     end_ids_ = tokenizer_->end_of_generation_ids();
@@ -266,12 +268,26 @@ double Engine::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
 }
 
-SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t total) const {
+SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t prompt, int64_t total) const {
   const SparsityOptions& s = sparsity.policy.empty() ? options_.sparsity : sparsity;
   SequenceFootprint fp{total, false};
-  const SparsityLimits limits = sparsity_limits(s, cache_, options_.scheduler.max_batch_prefill_tokens);
+  // Prompt chunks are the largest writes (generated tokens, replayed ones
+  // included, come one a step).
+  const int32_t chunk = int32_t(std::clamp<int64_t>(prompt, 1, options_.scheduler.max_batch_prefill_tokens));
+  const SparsityLimits limits = sparsity_limits(s, cache_, chunk);
   if (limits.max_tokens_held >= 0) fp.held_tokens = std::min(total, limits.max_tokens_held);
   fp.unbounded_positions = limits.unbounded_positions;
+  // Positions within the cache run up to the live tokens (at most the budget)
+  // plus the chunk being written: past the context, the forward pass would
+  // refuse mid-generation.
+  const int32_t ctx = model_.config().seq_len;
+  if (fp.unbounded_positions && total > ctx) {
+    const SparsityOptions resolved = resolve_sparsity_options(s, cache_);
+    if (int64_t(resolved.budget) + chunk > ctx)
+      fail("with positions within the cache, a budget of {} and a prompt chunk of {} tokens reach position {}, past "
+           "the context length of {}; lower the budget (or the prefill chunk)",
+           resolved.budget, chunk, int64_t(resolved.budget) + chunk, ctx);
+  }
   return fp;
 }
 
@@ -327,7 +343,7 @@ std::optional<std::string> Engine::check(Request& r) const {
   if (r.sparsity.policy.empty()) r.sparsity = options_.sparsity;
   SequenceFootprint fp;
   try {
-    fp = footprint(r.sparsity, total);
+    fp = footprint(r.sparsity, int64_t(r.prompt.size()), total);
   } catch (const Error& e) {
     return invalid(e.what());
   }

@@ -186,11 +186,14 @@ class Engine {
   // The most tokens (prompt + completion) one request may hold with the full
   // policy, FP16 staging of the residual window and a prefill chunk included.
   int64_t max_sequence_tokens() const { return cache_.max_tokens(options_.scheduler.max_batch_prefill_tokens); }
-  // A request of `total` tokens (prompt + max_tokens) under `sparsity` (the
-  // engine's default policy when its policy is empty): an evicting policy
-  // holds at most its budget, sinks may run past the context. Throws
-  // kvserve::Error for a policy this cache cannot run. Thread-safe.
-  SequenceFootprint footprint(const SparsityOptions& sparsity, int64_t total) const;
+  // A request of `prompt` tokens and `total` in all (prompt + max_tokens)
+  // under `sparsity` (the engine's default policy when its policy is empty):
+  // an evicting policy holds at most its budget, its prompt's first prefill
+  // chunk and its compaction slack; sinks may run past the context. Throws
+  // kvserve::Error for a policy this cache cannot run, or whose positions
+  // within the cache would pass the context. Thread-safe.
+  SequenceFootprint footprint(const SparsityOptions& sparsity, int64_t prompt, int64_t total) const;
+  const EngineOptions& options() const { return options_; }
   // Null without prefix caching. Engine thread only (or before start()).
   PrefixCache* prefix_cache() { return prefix_.get(); }
 

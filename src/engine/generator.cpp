@@ -16,8 +16,21 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   if (options.prefill_chunk <= 0) fail("prefill chunk must be positive");
   const std::unique_ptr<SparsityPolicy> policy = make_sparsity_policy(options.sparsity, cache);
   const int32_t limit = options.max_tokens == 0 ? c.seq_len : options.max_tokens;
-  const int32_t chunk = std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size()));
-  const SparsityLimits limits = sparsity_limits(options.sparsity, cache, chunk);
+  int32_t chunk = std::min<int32_t>(options.prefill_chunk, int32_t(prompt.size()));
+  SparsityLimits limits = sparsity_limits(options.sparsity, cache, chunk);
+  if (limits.unbounded_positions && limit > c.seq_len) {
+    // Positions within the cache run up to the live tokens (at most the
+    // budget) plus the chunk being written, before the policy evicts: smaller
+    // prompt chunks keep them inside the context.
+    const int32_t budget = resolve_sparsity_options(options.sparsity, cache).budget;
+    if (budget >= c.seq_len)
+      fail("with positions within the cache, --kv-budget {} leaves no room in the context length of {} for a new "
+           "token; lower --kv-budget", budget, c.seq_len);
+    if (budget + chunk > c.seq_len) {
+      chunk = c.seq_len - budget;
+      limits = sparsity_limits(options.sparsity, cache, chunk);
+    }
+  }
   if (limit > c.seq_len && !limits.unbounded_positions)
     fail("--max-tokens {} exceeds the model's context length of {} (only positions within the cache, "
          "--kv-policy sinks, run past it)", limit, c.seq_len);
@@ -27,7 +40,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   // An evicting policy bounds what the sequence holds at once.
   const int64_t held = limits.max_tokens_held;
   const int64_t needed = held < 0 ? std::max<int64_t>(limit, int64_t(prompt.size())) : std::min<int64_t>(held, limit);
-  if (!cache.fits(needed, options.prefill_chunk))
+  if (!cache.fits(needed, chunk))
     fail("the KV cache ({} blocks of {} tokens) cannot hold {} tokens; raise --kv-blocks",
          cache.pool().num_blocks(), cache.block_size(), needed);
 
@@ -55,7 +68,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
   // first generated token.
   Timer timer;
   for (size_t done = 0; done < prompt.size();) {
-    const size_t n = std::min(prompt.size() - done, size_t(options.prefill_chunk));
+    const size_t n = std::min(prompt.size() - done, size_t(chunk));
     if (!cache.reserve(table, int32_t(n))) {
       cache.release(table);
       fail("out of KV blocks during prefill");

@@ -99,6 +99,8 @@ class KvCache {
   const KvCacheOptions& options() const { return options_; }
   int32_t block_size() const { return options_.block_size; }
   int32_t residual() const { return residual_; }
+  // Whether some layer keeps its newest tokens in FP16 (an integer codec with a residual window).
+  bool staged() const { return staged_; }
   int n_layers() const { return int(layers_.size()); }
 
   // Makes room for n_new more tokens after table.num_tokens, allocating blocks

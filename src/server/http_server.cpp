@@ -432,9 +432,12 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   r->pin_prefix = cr.kv.pin;
   if (!cr.kv.policy.empty()) {
     // The engine checks the policy against its cache and budget (400 on error).
-    r->sparsity = SparsityOptions{};
+    // The server's own policy keeps the knobs it was started with (sinks,
+    // window, scope...): a request naming it changes only the budget, if any.
+    const SparsityOptions& served = engine_.options().sparsity;
+    r->sparsity = served.policy == cr.kv.policy ? served : SparsityOptions{};
     r->sparsity.policy = cr.kv.policy;
-    r->sparsity.budget = cr.kv.budget;
+    if (cr.kv.budget != 0 || served.policy != cr.kv.policy) r->sparsity.budget = cr.kv.budget;
     try {
       (void)resolve_sparsity_options(r->sparsity, engine_.cache());
     } catch (const Error& e) {
@@ -456,7 +459,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   // budget, sinks past the context (the engine checks the same).
   SequenceFootprint fp;
   try {
-    fp = engine_.footprint(r->sparsity, n + std::max<int64_t>(max_tokens, cr.prompt_only ? 0 : 1));
+    fp = engine_.footprint(r->sparsity, n, n + std::max<int64_t>(max_tokens, cr.prompt_only ? 0 : 1));
   } catch (const Error& e) {
     return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
   }
