@@ -170,6 +170,69 @@ TEST(KvCalibrationFile, RoundTripsAndApplies) {
   std::remove(path.c_str());
 }
 
+// An assignment is chosen under one layout; the file records it and the
+// model's fingerprint, and applying the layout keeps each plane's type.
+TEST(KvCalibrationFile, RecordsTheLayoutAndTheModel) {
+  KvCalibration c;
+  c.model = "m";
+  c.model_fingerprint = "abc";
+  c.kv_dim = 2;
+  c.k = {{{-1, -2}, {1, 2}}};
+  c.v = c.k;
+  c.assignment = {{KvDType::INT4, KvDType::INT2}};
+  c.target_bits = 3;
+  KvCalibrationLayout& layout = c.layout.emplace();
+  layout.block_size = 32;
+  layout.residual = 64;
+  layout.k.grouping = KvGrouping::Channel;
+  layout.k.pre_rope = true;
+  layout.k.rope_span = 16;
+  layout.v.group_size = 4;
+  layout.v.scale_bits = 8;
+  layout.k.outliers = 1;
+  layout.static_scales = false;
+  const std::string path = ::testing::TempDir() + "/calib_layout.json";
+  save_kv_calibration(path, c);
+  const KvCalibration d = load_kv_calibration(path);
+  EXPECT_EQ(d.model_fingerprint, "abc");
+  ASSERT_TRUE(d.layout);
+  EXPECT_EQ(d.layout->block_size, 32);
+  EXPECT_EQ(d.layout->residual, 64);
+  EXPECT_FALSE(d.layout->static_scales);
+  EXPECT_EQ(d.layout->k.describe(), layout.k.describe());
+  EXPECT_EQ(d.layout->v.describe(), layout.v.describe());
+
+  KvCacheOptions o;
+  o.block_size = 16;
+  o.set_dtype(KvDType::INT4);
+  apply_kv_calibration_layout(o, *d.layout, /*keep_block_size=*/false);
+  EXPECT_EQ(o.block_size, 32);
+  EXPECT_EQ(o.residual, 64);
+  EXPECT_EQ(o.k.describe(), "int4/channel/g0+prerope16+o1");
+  EXPECT_EQ(o.v.describe(), "int4/token/g4+s8");
+  apply_kv_calibration_layout(o, *d.layout, /*keep_block_size=*/true);
+  o.block_size = 8;
+  apply_kv_calibration_layout(o, *d.layout, /*keep_block_size=*/true);
+  EXPECT_EQ(o.block_size, 8);
+
+  EXPECT_NO_THROW(check_kv_calibration_model(d, path, "abc"));
+  try {
+    check_kv_calibration_model(d, path, "def");
+    ADD_FAILURE() << "a file from another model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was measured on another model"), std::string::npos) << e.what();
+  }
+  // Files written before the record load without a layout and pass any model.
+  KvCalibration old = c;
+  old.model_fingerprint.clear();
+  old.layout.reset();
+  save_kv_calibration(path, old);
+  const KvCalibration e = load_kv_calibration(path);
+  EXPECT_FALSE(e.layout);
+  EXPECT_NO_THROW(check_kv_calibration_model(e, path, "def"));
+  std::remove(path.c_str());
+}
+
 TEST(KvCalibrationFile, RejectsMalformedFiles) {
   const std::string path = ::testing::TempDir() + "/bad_calib.json";
   for (const char* text : {"not json", "{}", R"({"format":"kvserve-kv-calibration-1","kv_dim":2,"layers":[{"k_min":[1]}]})",

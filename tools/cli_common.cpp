@@ -65,10 +65,19 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
 
 int64_t parse_bytes(const std::string& text) { return parse_byte_size(text); }
 
-KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
+KvCacheOptions kv_options(const CommonOptions& o, const Model& model) {
+  const int n_layers = model.config().n_layers;
+  std::optional<KvCalibration> calibration;
+  if (!o.kv_calibration.empty()) {
+    calibration = load_kv_calibration(o.kv_calibration);
+    check_kv_calibration_model(*calibration, o.kv_calibration, model.fingerprint());
+  }
   KvCacheOptions k;
   k.block_size = o.block_size.value_or(16);
+  // An assignment's recorded layout takes the place of a preset: the file
+  // alone runs what was measured, and flags given override parts of it.
   if (!o.kv_preset.empty()) apply_kv_preset(k, o.kv_preset, o.block_size.has_value());
+  else if (calibration && calibration->layout) apply_kv_calibration_layout(k, *calibration->layout, o.block_size.has_value());
   if (!o.kv_dtype.empty()) k.set_dtype(parse_kv_dtype(o.kv_dtype));
   if (!o.kv_k.empty()) k.k.dtype = parse_kv_dtype(o.kv_k);
   if (!o.kv_v.empty()) k.v.dtype = parse_kv_dtype(o.kv_v);
@@ -107,10 +116,9 @@ KvCacheOptions kv_options(const CommonOptions& o, int n_layers) {
   }
   if (!o.kv_scales.empty() && o.kv_scales != "static" && o.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic (got '{}')", o.kv_scales);
-  const bool use_static = o.kv_scales != "dynamic";
-  std::optional<KvCalibration> calibration;
-  if (!o.kv_calibration.empty()) {
-    calibration = load_kv_calibration(o.kv_calibration);
+  const bool use_static = o.kv_scales.empty() ? !calibration || !calibration->layout || calibration->layout->static_scales
+                                              : o.kv_scales == "static";
+  if (calibration) {
     // The file's per-layer assignment sets every layer's types: a type given
     // as well would be overridden without a word.
     if (!calibration->assignment.empty() && (!o.kv_dtype.empty() || !o.kv_k.empty() || !o.kv_v.empty()))

@@ -53,8 +53,9 @@ std::string read_text_file(const std::string& path, const char* flag);
 // Parses "4096", "512KiB", "64MiB", "2GiB" (also KB/MB/GB as powers of 1000).
 int64_t parse_bytes(const std::string& text);
 
-// The KV cache options the flags describe. n_layers is the model's.
-KvCacheOptions kv_options(const CommonOptions& o, int n_layers);
+// The KV cache options the flags describe for `model` (its layer count; a
+// calibration file's recorded model must be it).
+KvCacheOptions kv_options(const CommonOptions& o, const Model& model);
 // A short text naming the cache's resolved K/V codecs, for reports.
 std::string kv_description(const KvCache& cache);
 int thread_count(const CommonOptions& o);

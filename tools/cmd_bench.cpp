@@ -49,7 +49,7 @@ struct BenchArgs {
 
 void run_workload_bench(const BenchArgs& a) {
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
-  EngineOptions eo = engine_options(a.common, a.engine, model->config().n_layers, sparsity_options(a.sparsity));
+  EngineOptions eo = engine_options(a.common, a.engine, *model, sparsity_options(a.sparsity));
   eo.max_waiting = std::max(eo.max_waiting, a.workload.concurrency);
   Engine engine(*model, eo);
   const WorkloadReport r = run_workload(engine, a.workload);
@@ -200,7 +200,7 @@ void run(const BenchArgs& a) {
   const double bandwidth = measure_read_bandwidth_gbs(pool, size_t(a.bandwidth_mib) << 20, 3);
   const SparsityOptions sparsity = sparsity_options(a.sparsity);
   auto cache_options = [&](const CommonOptions& o) {
-    KvCacheOptions kvo = kv_options(o, c.n_layers);
+    KvCacheOptions kvo = kv_options(o, *model);
     fit_kv_to_sparsity(sparsity, kvo);
     if (kvo.num_blocks == 0 && kvo.budget_bytes == 0) kvo.num_blocks = (total + kvo.block_size - 1) / kvo.block_size;
     return kvo;

@@ -296,7 +296,7 @@ QkDump capture(const AttentionBenchArgs& a, const CommonOptions& common) {
   const Tokenizer& tok = model->require_tokenizer();
   const std::vector<int32_t> tokens = tok.encode(read_text_file(a.text_file, "--file"), tok.add_bos_default());
   ThreadPool pool(thread_count(common));
-  KvCacheOptions kv = kv_options(common, model->config().n_layers);
+  KvCacheOptions kv = kv_options(common, *model);
   if (kv.num_blocks == 0 && kv.budget_bytes == 0) kv.num_blocks = (model->config().seq_len + kv.block_size - 1) / kv.block_size;
   KvCache cache(model->config(), kv);
   Transformer transformer(*model, pool);

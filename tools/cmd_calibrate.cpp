@@ -34,7 +34,7 @@ void run(CalibrateArgs a) {
   layout.kv_calibration.clear();
   layout.kv_scales.clear();
   if (layout.kv_k_grouping.empty() && layout.kv_grouping.empty()) layout.kv_k_grouping = "channel";
-  a.calib.layout = kv_options(layout, model->config().n_layers);
+  a.calib.layout = kv_options(layout, *model);
 
   ThreadPool pool(thread_count(a.common));
   Transformer transformer(*model, pool);

@@ -53,7 +53,7 @@ void run(const GenerateArgs& a) {
   const Tokenizer& tok = model->require_tokenizer();
   ThreadPool pool(thread_count(a.common));
   const SparsityOptions sparsity = sparsity_options(a.sparsity);
-  KvCacheOptions kv = kv_options(a.common, model->config().n_layers);
+  KvCacheOptions kv = kv_options(a.common, *model);
   fit_kv_to_sparsity(sparsity, kv);
   KvCache cache(model->config(), kv);
   Transformer transformer(*model, pool);

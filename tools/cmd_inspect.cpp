@@ -9,7 +9,7 @@ namespace {
 void run(const CommonOptions& o) {
   auto model = Model::load(o.model_path, o.tokenizer_path);
   const ModelConfig& c = model->config();
-  KvCache cache(c, kv_options(o, c.n_layers));
+  KvCache cache(c, kv_options(o, *model));
   const KvStats kv = cache.stats();
   const Weights& w = model->weights();
   nlohmann::json j = {

@@ -30,7 +30,7 @@ void run(const PerplexityArgs& a) {
   options.sparsity = sparsity_options(a.sparsity);
   if (a.ppl.ctx < 4 || a.ppl.ctx > model->config().seq_len)  // before it sizes the caches below
     fail("--ctx {} is out of range (4..{}, the model's context length)", a.ppl.ctx, model->config().seq_len);
-  KvCacheOptions kv = kv_options(a.common, model->config().n_layers);
+  KvCacheOptions kv = kv_options(a.common, *model);
   fit_kv_to_sparsity(options.sparsity, kv);
   if (kv.num_blocks == 0 && kv.budget_bytes == 0) kv.num_blocks = (a.ppl.ctx + kv.block_size - 1) / kv.block_size;
   KvCache cache(model->config(), kv);

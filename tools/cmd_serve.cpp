@@ -40,7 +40,7 @@ void run(ServeArgs& a) {
 
   if (a.drain_timeout < 0) fail("--drain-timeout must be >= 0 (got {})", a.drain_timeout);
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
-  EngineOptions eo = engine_options(a.common, a.engine_flags, model->config().n_layers, sparsity_options(a.sparsity));
+  EngineOptions eo = engine_options(a.common, a.engine_flags, *model, sparsity_options(a.sparsity));
   // A server shares one cache between many sequences: 1 GiB unless told.
   if (eo.kv.num_blocks == 0 && eo.kv.budget_bytes == 0)
     eo.kv.budget_bytes = int64_t(1) << 30;

@@ -47,10 +47,10 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
                  "(comma-separated; README)");
 }
 
-EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers,
+EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, const Model& model,
                              const SparsityOptions& sparsity) {
   EngineOptions e;
-  e.kv = kv_options(common, n_layers);
+  e.kv = kv_options(common, model);
   e.sparsity = sparsity;
   fit_kv_to_sparsity(sparsity, e.kv);
   e.threads = thread_count(common);

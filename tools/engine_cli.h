@@ -35,7 +35,7 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o);
 
 // The engine configuration the common and engine flags describe; `sparsity`
 // is the default policy of requests (the --kv-policy flags).
-EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, int n_layers,
+EngineOptions engine_options(const CommonOptions& common, const EngineCliOptions& o, const Model& model,
                              const SparsityOptions& sparsity);
 
 }  // namespace kvserve::cli

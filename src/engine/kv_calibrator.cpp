@@ -123,6 +123,7 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
 
   KvCalibration cal;
   cal.model = transformer.model().path();
+  cal.model_fingerprint = transformer.model().fingerprint();
   cal.percentile = options.percentile;
   cal.tokens = needed;
   cal.kv_dim = kv_dim;
@@ -172,6 +173,12 @@ KvCalibration calibrate_kv(Transformer& transformer, std::span<const int32_t> to
   // 3. The cheapest assignment within the budget.
   const std::vector<int> choice = choose_assignment(cost, bits, options.target_bits);
   cal.target_bits = options.target_bits;
+  KvCalibrationLayout& layout = cal.layout.emplace();
+  layout.block_size = options.layout.block_size;
+  layout.residual = options.layout.residual < 0 ? options.layout.block_size : options.layout.residual;
+  layout.k = options.layout.k;
+  layout.v = options.layout.v;
+  layout.static_scales = options.static_scales;
   for (int l = 0; l < n_layers; ++l)
     cal.assignment.push_back({options.candidates[size_t(choice[size_t(2 * l)])],
                               options.candidates[size_t(choice[size_t(2 * l + 1)])]});

@@ -8,11 +8,36 @@
 #include "util/error.h"
 
 namespace kvserve {
+namespace {
+
+nlohmann::json codec_layout_json(const KvCodecConfig& c) {
+  return {{"grouping", std::string(kv_grouping_name(c.grouping))},
+          {"group", c.group_size},
+          {"pre_rope", c.pre_rope},
+          {"rope_span", c.rope_span},
+          {"scale_bits", c.scale_bits},
+          {"outliers", c.outliers}};
+}
+
+// Reads what codec_layout_json wrote; range checks are the cache's (make_kv_codec).
+KvCodecConfig codec_layout_from_json(const nlohmann::json& j) {
+  KvCodecConfig c;
+  c.grouping = parse_kv_grouping(j.at("grouping").get<std::string>());
+  c.group_size = j.at("group").get<int>();
+  c.pre_rope = j.at("pre_rope").get<bool>();
+  c.rope_span = j.at("rope_span").get<int>();
+  c.scale_bits = j.at("scale_bits").get<int>();
+  c.outliers = j.at("outliers").get<int>();
+  return c;
+}
+
+}  // namespace
 
 void save_kv_calibration(const std::string& path, const KvCalibration& c) {
   nlohmann::json j;
   j["format"] = "kvserve-kv-calibration-1";
   j["model"] = c.model;
+  if (!c.model_fingerprint.empty()) j["model_fingerprint"] = c.model_fingerprint;
   j["percentile"] = c.percentile;
   j["tokens"] = c.tokens;
   j["kv_dim"] = c.kv_dim;
@@ -23,6 +48,12 @@ void save_kv_calibration(const std::string& path, const KvCalibration& c) {
     for (const auto& a : c.assignment)
       j["assignment"].push_back({{"k", std::string(kv_dtype_name(a.k))}, {"v", std::string(kv_dtype_name(a.v))}});
   }
+  if (c.layout)
+    j["layout"] = {{"block_size", c.layout->block_size},
+                   {"residual", c.layout->residual},
+                   {"scales", c.layout->static_scales ? "static" : "dynamic"},
+                   {"k", codec_layout_json(c.layout->k)},
+                   {"v", codec_layout_json(c.layout->v)}};
   for (const auto& s : c.sensitivity)
     j["sensitivity"].push_back({{"layer", s.layer}, {"kv", s.is_key ? "k" : "v"},
                                 {"dtype", std::string(kv_dtype_name(s.dtype))}, {"kl_divergence", s.kl_divergence}});
@@ -47,6 +78,7 @@ KvCalibration load_kv_calibration(const std::string& path) {
   try {
     if (j.value("format", "") != "kvserve-kv-calibration-1") fail("'{}' is not a kvserve KV calibration file", path);
     c.model = j.value("model", "");
+    c.model_fingerprint = j.value("model_fingerprint", "");
     c.percentile = j.value("percentile", 99.9);
     c.tokens = j.value("tokens", int64_t(0));
     const nlohmann::json& kv_dim = j.at("kv_dim");
@@ -69,10 +101,42 @@ KvCalibration load_kv_calibration(const std::string& path) {
         c.assignment.push_back({parse_kv_dtype(a.at("k").get<std::string>()), parse_kv_dtype(a.at("v").get<std::string>())});
       if (c.assignment.size() != c.k.size()) fail("calibration '{}': assignment and ranges cover different layer counts", path);
     }
+    if (j.contains("layout")) {
+      const nlohmann::json& l = j.at("layout");
+      KvCalibrationLayout layout;
+      layout.block_size = l.at("block_size").get<int32_t>();
+      layout.residual = l.at("residual").get<int32_t>();
+      const std::string scales = l.at("scales").get<std::string>();
+      if (scales != "static" && scales != "dynamic")
+        fail("calibration '{}': layout scales must be static or dynamic (got '{}')", path, scales);
+      layout.static_scales = scales == "static";
+      layout.k = codec_layout_from_json(l.at("k"));
+      layout.v = codec_layout_from_json(l.at("v"));
+      c.layout = layout;
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("calibration '{}' is malformed: {}", path, e.what());
   }
   return c;
+}
+
+void check_kv_calibration_model(const KvCalibration& c, const std::string& path, const std::string& fingerprint) {
+  if (!c.model_fingerprint.empty() && c.model_fingerprint != fingerprint)
+    fail("calibration '{}' was measured on another model ({}, fingerprint {}; this one's is {}): run `kvserve "
+         "calibrate` on this model",
+         path, c.model, c.model_fingerprint, fingerprint);
+}
+
+void apply_kv_calibration_layout(KvCacheOptions& options, const KvCalibrationLayout& layout, bool keep_block_size) {
+  if (!keep_block_size) options.block_size = layout.block_size;
+  options.residual = layout.residual;
+  auto set = [](KvCodecConfig& c, const KvCodecConfig& recorded) {
+    const KvDType t = c.dtype;
+    c = recorded;
+    c.retype(t);
+  };
+  set(options.k, layout.k);
+  set(options.v, layout.v);
 }
 
 void apply_kv_calibration(KvCacheOptions& options, const KvCalibration& c, int n_layers, bool use_static) {

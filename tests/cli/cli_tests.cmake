@@ -115,6 +115,22 @@ add_test(NAME cli.kv_layers_and_outliers_over_an_assignment
   COMMAND kvserve generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8
   --kv-calibration ${MIXED_CALIB} --kv-layers 0:fp16 --kv-k-outliers 1)
 set_tests_properties(cli.kv_layers_and_outliers_over_an_assignment PROPERTIES PASS_REGULAR_EXPRESSION "0:fp16, 1:K int4/static\\+o1")
+# A file from calibrate --kv-bits records the layout it was measured with
+# (channel keys before RoPE, a 32-token window, dynamic scales): the file
+# alone runs it, flags given override parts of it, and a file whose recorded
+# model is another one is refused.
+set(LAYOUT_CALIB ${CMAKE_SOURCE_DIR}/tests/cli/stories260K_mixed3_layout_calibration.json)
+add_test(NAME cli.calibration_applies_its_recorded_layout
+  COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --kv-calibration ${LAYOUT_CALIB} --json)
+set_tests_properties(cli.calibration_applies_its_recorded_layout PROPERTIES
+  PASS_REGULAR_EXPRESSION "\"kv_dtype\":\"K int4/channel/g16\\+prerope V int2/token/g8\"")
+add_test(NAME cli.calibration_layout_yields_to_flags
+  COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --kv-calibration ${LAYOUT_CALIB} --kv-k-grouping token --json)
+set_tests_properties(cli.calibration_layout_yields_to_flags PROPERTIES
+  PASS_REGULAR_EXPRESSION "\"kv_dtype\":\"K int4/token/g8\\+prerope V int2/token/g8\"")
+kvserve_error_test(cli.error_calibration_from_another_model "was measured on another model"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int8
+  --kv-calibration ${CMAKE_SOURCE_DIR}/tests/cli/other_model_calibration.json)
 # A byte budget too small for one request once FP16 staging is paid: refused
 # at start, not a server that refuses every request.
 kvserve_error_test(cli.error_serve_budget_below_one_request "cannot hold a request of 2 tokens"
