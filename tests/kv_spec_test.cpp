@@ -55,6 +55,20 @@ TEST(KvLayers, OverridesKeepGroupingOfTheGlobalSetting) {
   EXPECT_EQ(o.layers[2].v.group_size, 4);
 }
 
+// Pre-RoPE keys are a property of the layer's storage, not of one override:
+// a layer set to a float type and back keeps them (the CLI drops them once,
+// from the final float layers, unless asked to keep them).
+TEST(KvLayers, OverlappingOverridesKeepPreRopeStorage) {
+  KvCacheOptions o;
+  apply_kv_preset(o, "int2");
+  apply_kv_layers(o, parse_kv_layers("1:fp16,1:int2,2:fp16", 3), 3);
+  EXPECT_EQ(o.layers[1].k.dtype, KvDType::INT2);
+  EXPECT_TRUE(o.layers[1].k.pre_rope);
+  EXPECT_EQ(o.layers[1].k.rope_span, 16);
+  EXPECT_EQ(o.layers[2].k.dtype, KvDType::F16);
+  EXPECT_TRUE(o.layers[2].k.pre_rope);
+}
+
 TEST(KvPreset, EveryPresetBuildsACache) {
   ModelConfig c;
   c.dim = 64, c.hidden_dim = 172, c.n_layers = 5, c.n_heads = 8, c.n_kv_heads = 4, c.vocab_size = 512, c.seq_len = 512;

@@ -141,10 +141,10 @@ KvCacheOptions kv_options(const CommonOptions& o, const Model& model) {
       for (KvLayerCodecs& l : k.layers)
         if (!affine(l)) (l.*plane).outliers = 0;
   }
-  // A preset's pre-RoPE keys (int2) are a quantization trick: keys given a
-  // float type (--kv-k fp16) keep RoPE applied, as --kv-layers gives them,
-  // unless the flags ask for pre-RoPE keys or a span. Layers set back to a
-  // quantized type keep the preset's storage.
+  // A preset's pre-RoPE keys (int2) are a quantization trick: keys whose
+  // final type is float (--kv-k fp16, a --kv-layers entry) keep RoPE
+  // applied, unless the flags ask for pre-RoPE keys or a span. Layers set
+  // back to a quantized type keep the preset's storage.
   if (!o.kv_k_pre_rope && !o.kv_k_rope_span) {
     auto after_rope_if_float = [](KvCodecConfig& c) {
       if (!kv_dtype_is_quantized(c.dtype)) c.pre_rope = false, c.rope_span = 1;

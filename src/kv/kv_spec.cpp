@@ -47,14 +47,10 @@ std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_laye
 
 void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>& overrides, int n_layers) {
   if (options.layers.empty()) options.layers.assign(size_t(n_layers), KvLayerCodecs{options.k, options.v});
-  auto set = [](KvCodecConfig& c, KvDType t) {
-    c.retype(t);
-    if (!kv_dtype_is_quantized(t)) c.pre_rope = false, c.rope_span = 1;  // full precision needs no pre-RoPE trick
-  };
   for (const auto& o : overrides)
     for (int l = o.first; l <= o.last; ++l) {
-      set(options.layers[size_t(l)].k, o.k);
-      set(options.layers[size_t(l)].v, o.v);
+      options.layers[size_t(l)].k.retype(o.k);
+      options.layers[size_t(l)].v.retype(o.v);
     }
 }
 

@@ -24,7 +24,10 @@ std::vector<KvLayerOverride> parse_kv_layers(const std::string& spec, int n_laye
 
 // Applies overrides to options: fills options.layers from options.k/options.v
 // if empty, then sets the dtype of each overridden layer, keeping its
-// grouping, group size and (for integer types) static ranges.
+// grouping, group size, pre-RoPE storage and (for integer types) static
+// ranges. Later overrides of a layer win. Whether float keys keep pre-RoPE
+// storage is the caller's choice, made once on the final types (the CLI
+// stores them after RoPE unless --kv-k-pre-rope or a span was given).
 void apply_kv_layers(KvCacheOptions& options, const std::vector<KvLayerOverride>& overrides, int n_layers);
 
 // Preset names and the configuration each stands for (measured choices; see

@@ -176,6 +176,13 @@ kvserve_kv_dtype_test(cli.preset_layer_back_to_int2_keeps_spans
   --kv-preset int2 --kv-k fp16 --kv-layers 1:int2)
 kvserve_kv_dtype_test(cli.preset_explicit_span_keeps_pre_rope "K fp16+prerope16 V int2/token/g8"
   --kv-preset int2 --kv-k fp16 --kv-k-rope-span 16)
+# The final type decides, once: a layer set to fp16 and back to int2 keeps the
+# preset's spans, and float layers keep pre-RoPE keys the flags asked for.
+kvserve_kv_dtype_test(cli.layer_set_back_by_overlapping_entries_keeps_spans
+  "K int2/channel/g32+prerope16 V int2/token/g8" --kv-preset int2 --kv-layers 1:fp16,1:int2)
+kvserve_kv_dtype_test(cli.float_layer_keeps_explicit_pre_rope
+  "0:K fp16+prerope V fp16, 1:K int4/token/g8+prerope V int4/token/g8, 2:K int4/token/g8+prerope V int4/token/g8, 3:K int4/token/g8+prerope V int4/token/g8, 4:K int4/token/g8+prerope V int4/token/g8"
+  --kv-dtype int4 --kv-layers 0:fp16 --kv-k-pre-rope)
 kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
   bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
