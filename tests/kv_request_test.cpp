@@ -25,7 +25,6 @@ TEST_F(KvRequestTest, TheServersOwnTypesPassOthersAreRefused) {
   o.num_blocks = 8;
   const KvCache cache(model->config(), o);
   const KvRequestLimits limits = kv_request_limits(cache);
-  EXPECT_TRUE(limits.uniform);
   EXPECT_EQ(limits.k, KvDType::INT4);
   EXPECT_EQ(limits.v, KvDType::INT4);
   EXPECT_EQ(limits.description, kv_codec_description(cache));
@@ -61,10 +60,35 @@ TEST_F(KvRequestTest, MixedPrecisionServersAcceptNoType) {
   o.num_blocks = 8;
   apply_kv_layers(o, parse_kv_layers("0:fp16", model->config().n_layers), model->config().n_layers);
   const KvRequestLimits limits = kv_request_limits(KvCache(model->config(), o));
-  EXPECT_FALSE(limits.uniform);
+  EXPECT_FALSE(limits.k);
+  EXPECT_FALSE(limits.v);
   const auto e = check_kv_request({"fp32", "", "", 0}, limits);
   ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("mixed per layer"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("(keys: mixed per layer)"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("omit 'kv.k'"), std::string::npos) << e->message;
+  EXPECT_EQ(e->message.find("send '"), std::string::npos) << e->message;
+}
+
+// Keys and values are judged apart: int4 keys in every layer accept kv.k
+// "int4" although the values are mixed, and only kv.v is refused.
+TEST_F(KvRequestTest, KeysAndValuesAreJudgedApart) {
+  KvCacheOptions o;
+  o.num_blocks = 8;
+  o.set_dtype(KvDType::INT4);
+  apply_kv_layers(o, parse_kv_layers("0:int4/fp16", model->config().n_layers), model->config().n_layers);
+  const KvRequestLimits limits = kv_request_limits(KvCache(model->config(), o));
+  EXPECT_EQ(limits.k, KvDType::INT4);
+  EXPECT_FALSE(limits.v);
+  EXPECT_FALSE(check_kv_request({"int4", "", "", 0}, limits));
+  auto e = check_kv_request({"fp16", "", "", 0}, limits);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("(keys: int4)"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("send 'int4'"), std::string::npos) << e->message;
+  e = check_kv_request({"int4", "fp16", "", 0}, limits);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "kv.v");
+  EXPECT_NE(e->message.find("(values: mixed per layer)"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("omit 'kv.v'"), std::string::npos) << e->message;
 }
 
 TEST_F(KvRequestTest, SparsityNeedsAPolicyTheServerOffers) {

@@ -10,7 +10,7 @@ namespace kvserve {
 namespace {
 
 // The 400 for one of "k"/"v"; nullopt when `asked` is empty or the server's type.
-std::optional<ApiError> check_type(const std::string& asked, const char* which, KvDType server,
+std::optional<ApiError> check_type(const std::string& asked, const char* which, std::optional<KvDType> server,
                                    const KvRequestLimits& limits) {
   if (asked.empty()) return std::nullopt;
   const std::string param = fmt::format("kv.{}", which);
@@ -20,13 +20,17 @@ std::optional<ApiError> check_type(const std::string& asked, const char* which, 
   } catch (const Error& e) {
     return invalid_request(e.what(), param, "invalid_value");
   }
-  if (limits.uniform && t == server) return std::nullopt;
+  if (server == t) return std::nullopt;
+  const char* plane = which == std::string("k") ? "keys" : "values";
+  if (!server)
+    return invalid_request(fmt::format("this server's KV cache is {} ({}: mixed per layer); requests cannot choose "
+                                       "a KV type: omit '{}'",
+                                       limits.description, plane, param),
+                           param, "unsupported_kv_config");
   return invalid_request(
       fmt::format("this server's KV cache is {} ({}: {}); requests cannot choose another KV type: send '{}' or "
                   "omit '{}'",
-                  limits.description, which == std::string("k") ? "keys" : "values",
-                  limits.uniform ? std::string(kv_dtype_name(server)) : "mixed per layer", kv_dtype_name(server),
-                  param),
+                  limits.description, plane, kv_dtype_name(*server), kv_dtype_name(*server), param),
       param, "unsupported_kv_config");
 }
 
@@ -50,8 +54,10 @@ KvRequestLimits kv_request_limits(const KvCache& cache) {
   KvRequestLimits l;
   l.k = cache.k_codec(0).config().dtype;
   l.v = cache.v_codec(0).config().dtype;
-  for (int i = 1; i < cache.n_layers(); ++i)
-    l.uniform = l.uniform && cache.k_codec(i).config().dtype == l.k && cache.v_codec(i).config().dtype == l.v;
+  for (int i = 1; i < cache.n_layers(); ++i) {
+    if (cache.k_codec(i).config().dtype != l.k) l.k.reset();
+    if (cache.v_codec(i).config().dtype != l.v) l.v.reset();
+  }
   l.description = kv_codec_description(cache);
   bool pre_rope = true;
   for (int i = 0; i < cache.n_layers(); ++i) pre_rope = pre_rope && cache.k_pre_rope(i);

@@ -21,9 +21,10 @@ namespace kvserve {
 
 // What per-request KV options this server accepts.
 struct KvRequestLimits {
-  bool uniform = true;             // every layer stores K (and V) the same way
-  KvDType k = KvDType::F32;        // the keys' storage type (layer 0 when not uniform)
-  KvDType v = KvDType::F32;
+  // The keys' and the values' storage type, each judged on its own: empty
+  // when the layers store them in different types (mixed per layer).
+  std::optional<KvDType> k = KvDType::F32;
+  std::optional<KvDType> v = KvDType::F32;
   std::string description;         // the cache's codecs, e.g. "K int4/channel/g16 V int4/token/g64"
   std::vector<std::string> policies;  // sparsity policies offered
   // Policies this server's cache cannot serve, with why (sinks needs keys
