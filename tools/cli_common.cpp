@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "kv/kv_calibration.h"
 #include "kv/kv_spec.h"
@@ -12,6 +13,47 @@
 #include "util/error.h"
 
 namespace kvserve::cli {
+namespace {
+
+// Refuses KV flags the user gave that no layer's codec reads, instead of
+// ignoring them (a preset's own settings are not flags: a preset plus a
+// float type keeps working). `layers`: the final codecs, one per layer.
+void refuse_unused_kv_flags(const CommonOptions& o, const std::vector<KvLayerCodecs>& layers) {
+  auto any = [&](bool keys, bool values, auto&& reads) {
+    return std::any_of(layers.begin(), layers.end(),
+                       [&](const KvLayerCodecs& l) { return (keys && reads(l.k)) || (values && reads(l.v)); });
+  };
+  auto planes = [](bool keys, bool values) { return keys && values ? "keys or values" : keys ? "keys" : "values"; };
+  // Groups and their scales: int8/int4/int2 with dynamic scales (q4_0 has
+  // fixed 32-value groups, static scales one range per channel).
+  auto dynamic_groups = [](const KvCodecConfig& c) { return kv_dtype_is_affine(c.dtype) && !c.is_static(); };
+  auto check_groups = [&](const char* flag, bool given, bool keys, bool values) {
+    if (given && !any(keys, values, dynamic_groups))
+      fail("{} applies to int8, int4 and int2 with dynamic scales (q4_0 has fixed 32-value groups, static scales "
+           "and float types none), and no layer stores its {} so: drop it",
+           flag, planes(keys, values));
+  };
+  check_groups("--kv-grouping", !o.kv_grouping.empty(), true, true);
+  check_groups("--kv-k-grouping", !o.kv_k_grouping.empty(), true, false);
+  check_groups("--kv-v-grouping", !o.kv_v_grouping.empty(), false, true);
+  check_groups("--kv-group", o.kv_group.has_value(), true, true);
+  check_groups("--kv-k-group", o.kv_k_group.has_value(), true, false);
+  check_groups("--kv-v-group", o.kv_v_group.has_value(), false, true);
+  check_groups("--kv-scale-bits", o.kv_scale_bits.has_value(), true, true);
+  check_groups("--kv-k-scale-bits", o.kv_k_scale_bits.has_value(), true, false);
+  check_groups("--kv-v-scale-bits", o.kv_v_scale_bits.has_value(), false, true);
+  auto affine = [](const KvCodecConfig& c) { return kv_dtype_is_affine(c.dtype); };
+  for (const auto& [flag, n, keys] : {std::tuple{"--kv-k-outliers", o.kv_k_outliers, true},
+                                      std::tuple{"--kv-v-outliers", o.kv_v_outliers, false}})
+    if (n > 0 && !any(keys, !keys, affine))
+      fail("{}: KV outliers apply to int8, int4 and int2, and no layer stores its {} so: drop it", flag,
+           planes(keys, !keys));
+  if (o.kv_residual && *o.kv_residual > 0 &&
+      !any(true, true, [](const KvCodecConfig& c) { return kv_dtype_is_quantized(c.dtype); }))
+    fail("--kv-residual applies to integer KV types (int8, int4, int2, q4_0), and no layer uses one: drop it");
+}
+
+}  // namespace
 
 std::string read_text_file(const std::string& path, const char* flag) {
   std::error_code ec;
@@ -30,16 +72,22 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   auto* m = cmd.add_option("--model", o.model_path, "checkpoint: GGUF or llama2.c .bin");
   if (model_required) m->required();
   cmd.add_option("--tokenizer", o.tokenizer_path, "tokenizer: llama2.c tokenizer .bin or GGUF (default: from the model)");
-  cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int4-small | int2 | int2-small");
-  // An empty type would read as "not given" (fp32).
-  auto named = [](const std::string& v) { return v.empty() ? std::string("a KV type must be named") : std::string(); };
+  // An empty value would read as "not given" (a type as fp32, a preset or a
+  // spec as none): refused instead.
+  auto named_as = [](const char* what) {
+    return [what](const std::string& v) { return v.empty() ? fmt::format("{} must be named", what) : std::string(); };
+  };
+  const auto named = named_as("a KV type");
+  cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int4-small | int2 | int2-small")
+      ->check(named_as("a KV preset (fp32, fp16, int8, int4, int4-small, int2 or int2-small)"));
   cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | fp8 (E4M3) | int8 | int4 | int2 | q4_0 (default fp32)")
       ->check(named);
   cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)")->check(named);
   cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)")->check(named);
-  cmd.add_option("--kv-grouping", o.kv_grouping, "quantization groups for K and V: token | channel");
-  cmd.add_option("--kv-k-grouping", o.kv_k_grouping, "key groups: token | channel");
-  cmd.add_option("--kv-v-grouping", o.kv_v_grouping, "value groups: token | channel");
+  const auto grouping = named_as("a grouping (token or channel)");
+  cmd.add_option("--kv-grouping", o.kv_grouping, "quantization groups for K and V: token | channel")->check(grouping);
+  cmd.add_option("--kv-k-grouping", o.kv_k_grouping, "key groups: token | channel")->check(grouping);
+  cmd.add_option("--kv-v-grouping", o.kv_v_grouping, "value groups: token | channel")->check(grouping);
   cmd.add_option("--kv-group", o.kv_group, "group size: values (token groups) or tokens (channel groups)");
   cmd.add_option("--kv-k-group", o.kv_k_group, "key group size");
   cmd.add_option("--kv-v-group", o.kv_v_group, "value group size");
@@ -53,9 +101,12 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
                  "span (divides the block size; 1 = exactly before RoPE; the int2 presets use 16)");
   cmd.add_option("--kv-k-outliers", o.kv_k_outliers, "key values per token kept exactly beside the codes (default 0)");
   cmd.add_option("--kv-v-outliers", o.kv_v_outliers, "value values per token kept exactly beside the codes (default 0)");
-  cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)");
-  cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: static with --kv-calibration)");
-  cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"");
+  cmd.add_option("--kv-calibration", o.kv_calibration, "calibration JSON from `kvserve calibrate` (static scales, layer assignment)")
+      ->check(named_as("a calibration file"));
+  cmd.add_option("--kv-scales", o.kv_scales, "static | dynamic (default: the calibration's recorded layout, else static)")
+      ->check(named_as("static or dynamic"));
+  cmd.add_option("--kv-layers", o.kv_layers, "per-layer overrides, e.g. \"0:fp16,1-4:int4\" or \"2:int8/int4\"")
+      ->check(named_as("per-layer types (e.g. 0:fp16,1-4:int4)"));
   cmd.add_option("--block-size", o.block_size, "KV block size in tokens (default 16; 32 with the integer presets, 64 with the -small ones)");
   cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context; see README for bench, perplexity and serve)");
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache capacity in bytes, e.g. 512MiB (instead of --kv-blocks)");
@@ -65,7 +116,7 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
 
 int64_t parse_bytes(const std::string& text) { return parse_byte_size(text); }
 
-KvCacheOptions kv_options(const CommonOptions& o, const Model& model) {
+KvCacheOptions kv_options(const CommonOptions& o, const Model& model, bool refuse_unused) {
   const int n_layers = model.config().n_layers;
   std::optional<KvCalibration> calibration;
   if (!o.kv_calibration.empty()) {
@@ -151,6 +202,16 @@ KvCacheOptions kv_options(const CommonOptions& o, const Model& model) {
     };
     after_rope_if_float(k.k);
     for (KvLayerCodecs& layer : k.layers) after_rope_if_float(layer.k);
+  }
+  if (refuse_unused) {
+    refuse_unused_kv_flags(o, k.layers.empty() ? std::vector<KvLayerCodecs>{{k.k, k.v}} : k.layers);
+    // A file without an assignment only lends its ranges to integer layers with static scales.
+    if (calibration && calibration->assignment.empty() &&
+        std::none_of(k.layers.begin(), k.layers.end(), [](const KvLayerCodecs& l) { return l.k.is_static() || l.v.is_static(); }))
+      fail("calibration '{}' has no per-layer assignment and no layer uses its ranges ({}): drop --kv-calibration, "
+           "or give an integer type (e.g. --kv-dtype int8){}",
+           o.kv_calibration, use_static ? "no int8, int4 or int2 layer" : "--kv-scales dynamic",
+           use_static ? "" : " with static scales");
   }
   if (o.kv_blocks && o.kv_memory) fail("give --kv-blocks or --kv-memory, not both");
   if (o.kv_blocks) {

@@ -54,8 +54,11 @@ std::string read_text_file(const std::string& path, const char* flag);
 int64_t parse_bytes(const std::string& text);
 
 // The KV cache options the flags describe for `model` (its layer count; a
-// calibration file's recorded model must be it).
-KvCacheOptions kv_options(const CommonOptions& o, const Model& model);
+// calibration file's recorded model must be it). With refuse_unused, KV
+// flags given that no layer's codec reads (a group size on fp16, a window
+// without integer layers...) are an error; calibrate passes false, since
+// its candidates take their types later.
+KvCacheOptions kv_options(const CommonOptions& o, const Model& model, bool refuse_unused = true);
 // A short text naming the cache's resolved K/V codecs, for reports.
 std::string kv_description(const KvCache& cache);
 int thread_count(const CommonOptions& o);

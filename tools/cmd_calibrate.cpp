@@ -25,6 +25,8 @@ void run(CalibrateArgs a) {
   const Tokenizer& tok = model->require_tokenizer();
   const std::vector<int32_t> tokens = tok.encode(read_text_file(a.data, "--data"), tok.add_bos_default());
 
+  if (!a.common.kv_calibration.empty())
+    fail("calibrate measures its own ranges and reads no calibration: drop --kv-calibration");
   if (!a.common.kv_scales.empty() && a.common.kv_scales != "static" && a.common.kv_scales != "dynamic")
     fail("--kv-scales must be static or dynamic");
   a.calib.static_scales = a.common.kv_scales != "dynamic";
@@ -34,7 +36,7 @@ void run(CalibrateArgs a) {
   layout.kv_calibration.clear();
   layout.kv_scales.clear();
   if (layout.kv_k_grouping.empty() && layout.kv_grouping.empty()) layout.kv_k_grouping = "channel";
-  a.calib.layout = kv_options(layout, *model);
+  a.calib.layout = kv_options(layout, *model, /*refuse_unused=*/false);
 
   ThreadPool pool(thread_count(a.common));
   Transformer transformer(*model, pool);

@@ -42,9 +42,12 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
           quantized = quantized || kv_dtype_is_quantized(lc.k.dtype) || kv_dtype_is_quantized(lc.v.dtype);
           layers_.push_back(std::move(layer));
         }
-        residual_ = options.residual < 0 ? (quantized ? options.block_size : 0) : options.residual;
+        residual_ = options.residual < 0 ? options.block_size : options.residual;
         if (residual_ % options.block_size != 0)
           fail("--kv-residual {} must be a multiple of the block size {}", residual_, options.block_size);
+        // Float codecs stage nothing: no window exists to report (a preset's
+        // window after --kv-dtype fp16, as the float presets set 0).
+        if (!quantized) residual_ = 0;
         for (auto& layer : layers_) {
           layer.k_staged = residual_ > 0 && kv_dtype_is_quantized(layer.k->dtype());
           layer.v_staged = residual_ > 0 && kv_dtype_is_quantized(layer.v->dtype());

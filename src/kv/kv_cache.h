@@ -54,7 +54,7 @@ struct KvCacheOptions {
   KvCodecConfig v;                // values of every layer
   std::vector<KvLayerCodecs> layers;  // empty, or one entry per layer (mixed precision)
   int32_t residual = -1;          // tokens kept in FP16 before encoding (multiple of block_size);
-                                  // -1 = one block when a codec is quantized, else 0
+                                  // -1 = one block; 0 whatever is given when no codec is quantized
   int64_t num_blocks = 0;         // capacity in blocks; 0 means "derive from budget_bytes"
   int64_t budget_bytes = 0;       // capacity in bytes when num_blocks is 0; when both are 0,
                                   // enough blocks for one sequence of the model's full context

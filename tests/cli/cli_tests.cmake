@@ -131,6 +131,31 @@ set_tests_properties(cli.calibration_layout_yields_to_flags PROPERTIES
 kvserve_error_test(cli.error_calibration_from_another_model "was measured on another model"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int8
   --kv-calibration ${CMAKE_SOURCE_DIR}/tests/cli/other_model_calibration.json)
+# Flags given that no layer would read are refused, not ignored; a preset's
+# own settings are not flags (int4 then fp16: an FP16 cache without a window).
+set(RANGES_CALIB ${CMAKE_SOURCE_DIR}/tests/cli/stories260K_ranges_calibration.json)
+kvserve_error_test(cli.error_q4_0_group "--kv-group applies to int8, int4 and int2 with dynamic scales"
+  inspect --model ${MODELS}/stories260K.gguf --kv-dtype q4_0 --kv-group 8)
+kvserve_error_test(cli.error_float_grouping "--kv-grouping applies to int8, int4 and int2"
+  inspect --model ${MODELS}/stories260K.gguf --kv-dtype fp16 --kv-grouping channel)
+kvserve_error_test(cli.error_static_scale_bits "--kv-scale-bits applies to int8, int4 and int2 with dynamic scales"
+  inspect --model ${MODELS}/stories260K.gguf --kv-calibration ${MIXED_CALIB} --kv-scale-bits 8)
+kvserve_error_test(cli.error_outliers_on_float_layers "--kv-v-outliers: KV outliers apply to int8, int4 and int2"
+  inspect --model ${MODELS}/stories260K.gguf --kv-dtype int4 --kv-v-outliers 1 --kv-layers 0-4:fp16)
+kvserve_error_test(cli.error_residual_without_integer_layer "--kv-residual applies to integer KV types"
+  inspect --model ${MODELS}/stories260K.gguf --kv-dtype fp16 --kv-residual 64)
+kvserve_error_test(cli.error_calibration_unused "has no per-layer assignment and no layer uses its ranges"
+  inspect --model ${MODELS}/stories260K.gguf --kv-dtype fp16 --kv-calibration ${RANGES_CALIB})
+add_test(NAME cli.error_empty_preset COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --kv-preset "")
+set_tests_properties(cli.error_empty_preset PROPERTIES PASS_REGULAR_EXPRESSION "--kv-preset: a KV preset .* must be named")
+add_test(NAME cli.error_empty_kv_layers COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --kv-layers "")
+set_tests_properties(cli.error_empty_kv_layers PROPERTIES PASS_REGULAR_EXPRESSION "--kv-layers: per-layer types .* must be named")
+kvserve_error_test(cli.error_calibrate_reads_no_calibration "drop --kv-calibration"
+  calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
+  --out calib_unused.json --ctx 64 --chunks 1 --kv-calibration ${RANGES_CALIB})
+add_test(NAME cli.preset_then_float_type_has_no_window COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;perplexity;--model;${MODELS}/stories260K.gguf;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--ctx;64;--chunks;1;--kv-preset;int4;--kv-dtype;fp16;--json"
+  "-DFIELDS=kv_dtype;kv_residual" "-DEQUALS=kv_dtype=fp16;kv_residual=0" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 # A byte budget too small for one request once FP16 staging is paid: refused
 # at start, not a server that refuses every request.
 kvserve_error_test(cli.error_serve_budget_below_one_request "cannot hold a request of 2 tokens"
