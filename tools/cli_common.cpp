@@ -1,5 +1,7 @@
 #include "tools/cli_common.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,16 @@ std::string read_text_file(const std::string& path, const char* flag) {
   text << in.rdbuf();
   if (in.bad()) fail("{} '{}': read error", flag, path);
   return text.str();
+}
+
+void check_writable_file(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) fail("{} '{}' is a directory, not a file", flag, path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) fail("{} '{}': no such directory '{}'", flag, path, dir.string());
+  if (::access(fs::exists(p, ec) ? path.c_str() : dir.c_str(), W_OK) != 0) fail("{} '{}' is not writable", flag, path);
 }
 
 void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {

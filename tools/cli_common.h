@@ -50,6 +50,10 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required = t
 // unreadable or non-regular file (a directory read as empty text before).
 std::string read_text_file(const std::string& path, const char* flag);
 
+// Fails unless `path` (an output, e.g. --out) can be written: a directory,
+// a missing parent directory or no write permission, before any work.
+void check_writable_file(const std::string& path, const char* flag);
+
 // Parses "4096", "512KiB", "64MiB", "2GiB" (also KB/MB/GB as powers of 1000).
 int64_t parse_bytes(const std::string& text);
 

@@ -37,6 +37,11 @@ void run(CalibrateArgs a) {
   layout.kv_scales.clear();
   if (layout.kv_k_grouping.empty() && layout.kv_grouping.empty()) layout.kv_k_grouping = "channel";
   a.calib.layout = kv_options(layout, *model, /*refuse_unused=*/false);
+  // Both would fail only after the measurements (minutes on a real model).
+  check_writable_file(a.out, "--out");
+  if (a.calib.target_bits > 0 && a.calib.static_scales && a.calib.layout.k.pre_rope)
+    fail("pre-RoPE keys with static scales are not supported (calibration measures keys after RoPE): pass "
+         "--kv-scales dynamic");
 
   ThreadPool pool(thread_count(a.common));
   Transformer transformer(*model, pool);
