@@ -42,7 +42,9 @@ namespace {
 
 // Runs one chunk through the model with a fresh table in `cache` and, when
 // given, a fresh policy; calls on_row(position, logits) for every scored
-// position and kept(tokens) with the tokens kept after each scored step.
+// position and kept(tokens) with the tokens in the cache when it was scored
+// (those its prediction saw: a pass's later positions excluded, so the
+// count does not depend on the batch size).
 template <class OnRow, class OnKept>
 void run_chunk(Transformer& transformer, KvCache& cache, const std::vector<int32_t>& chunk, int32_t batch_size,
                int32_t first, SparsityPolicy* policy, KvStats* stats, OnRow&& on_row, OnKept&& kept) {
@@ -65,9 +67,10 @@ void run_chunk(Transformer& transformer, KvCache& cache, const std::vector<int32
     // Row k of this pass is position start + k; score positions first .. ctx-2.
     for (int32_t k = 0; k < n; ++k) {
       const int32_t pos = start + k;
-      if (pos >= first && pos <= ctx - 2) on_row(pos, logits.row(k));
+      if (pos < first || pos > ctx - 2) continue;
+      on_row(pos, logits.row(k));
+      kept(table.live_tokens() - (n - 1 - k));
     }
-    if (start + n - 1 >= first && start + n - 1 <= ctx - 2) kept(table.live_tokens());
   }
   if (stats != nullptr) *stats = cache.stats();
   cache.release(table);
@@ -82,7 +85,9 @@ PerplexityResult perplexity(Transformer& transformer, KvCache& cache, std::span<
   const int32_t ctx = options.ctx;
   if (ctx < 4 || ctx > c.seq_len) fail("--ctx {} is out of range (4..{}, the model's context length)", ctx, c.seq_len);
   if (options.batch <= 0) fail("perplexity batch must be positive");
-  if (!cache.fits(ctx, options.streaming ? 1 : options.batch)) fail("the KV cache cannot hold a chunk of {} tokens; raise --kv-blocks", ctx);
+  if (!cache.fits(ctx, options.streaming ? 1 : options.batch))
+    fail("the KV cache cannot hold a chunk of {} tokens; raise {}", ctx,
+         cache.options().budget_bytes > 0 ? "--kv-memory" : "--kv-blocks");  // the one that sized it
   const int32_t available = int32_t(tokens.size() / size_t(ctx));
   if (available == 0) fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), ctx);
   if (options.chunks == 0 || options.chunks < -1) fail("--chunks must be positive, or -1 for all (got {})", options.chunks);

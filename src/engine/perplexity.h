@@ -33,7 +33,7 @@ struct PerplexityResult {
   int32_t chunks = 0;
   double seconds = 0;
   KvStats kv;                     // cache statistics at the end of the first chunk
-  double kv_tokens_kept_mean = 0; // tokens in the cache after each scored step, mean (per layer and KV head)
+  double kv_tokens_kept_mean = 0; // tokens in the cache when each position was scored, mean (per layer and KV head)
   double kv_read_fraction = 1;    // keys attention read / keys kept, over all chunks (read-time policies)
   SparsityStats sparsity;         // the policies' counters, summed over chunks
   std::vector<double> chunk_ppl;  // running estimate after each chunk, as llama.cpp prints
