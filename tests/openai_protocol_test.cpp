@@ -242,6 +242,9 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
   }
   EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "temperature": "hot"})").message,
             "'temperature' must be a number (got a string)");
+  // A budget past int32 is positive: the message says it is too large.
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "kv": {"budget": 1e12}})").message,
+            "'kv.budget' of 1000000000000 tokens is too large (at most 2147483647)");
 }
 
 TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {

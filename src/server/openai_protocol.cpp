@@ -309,8 +309,10 @@ void parse_kv(const json& body, KvRequest& kv) {
   kv.pin = read_bool(*k, "pin", false, "kv.pin");
   if (const json* b = field(*k, "budget")) {
     const int64_t v = as_integer(*b, "kv.budget");
-    if (v < 1 || v > std::numeric_limits<int32_t>::max())
-      reject(fmt::format("'kv.budget' must be a positive number of tokens (got {})", v), "kv.budget");
+    if (v < 1) reject(fmt::format("'kv.budget' must be a positive number of tokens (got {})", v), "kv.budget");
+    if (v > std::numeric_limits<int32_t>::max())
+      reject(fmt::format("'kv.budget' of {} tokens is too large (at most {})", v, std::numeric_limits<int32_t>::max()),
+             "kv.budget");
     kv.budget = int32_t(v);
   }
 }
