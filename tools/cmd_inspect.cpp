@@ -31,7 +31,8 @@ void run(const CommonOptions& o) {
       {"has_tokenizer", model->tokenizer() != nullptr},
       {"kv_dtype", kv_description(cache)},
       {"kv_bytes_per_token", kv.bytes_per_token},
-      {"kv_bytes_full_context", kv.bytes_per_token * c.seq_len},
+      // Whole blocks, as allocated: bytes_per_token is rounded down (int2-small: 127.5 B).
+      {"kv_bytes_full_context", (int64_t(c.seq_len) + kv.block_size - 1) / kv.block_size * kv.bytes_per_block},
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

@@ -157,7 +157,8 @@ add_test(NAME cli.preset_then_float_type_has_no_window COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;perplexity;--model;${MODELS}/stories260K.gguf;--file;${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt;--ctx;64;--chunks;1;--kv-preset;int4;--kv-dtype;fp16;--json"
   "-DFIELDS=kv_dtype;kv_residual" "-DEQUALS=kv_dtype=fp16;kv_residual=0" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 # calibrate checks its output and layout before measuring; perplexity names
-# the capacity flag that was given.
+# the capacity flag that was given; inspect counts a full context in whole
+# blocks (int2-small: 8 blocks of 8,160 bytes, 127.5 bytes per token).
 kvserve_error_test(cli.error_calibrate_out_directory_missing "--out '/nonexistent_kvserve_dir/x.json': no such directory"
   calibrate --model ${MODELS}/stories260K.gguf --data ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
   --out /nonexistent_kvserve_dir/x.json --ctx 64 --chunks 1)
@@ -167,6 +168,10 @@ kvserve_error_test(cli.error_calibrate_pre_rope_static_scales "pass --kv-scales 
 kvserve_error_test(cli.error_ppl_kv_memory_too_small "raise --kv-memory"
   perplexity --model ${MODELS}/stories260K.gguf --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt
   --ctx 512 --chunks 1 --kv-preset int4 --kv-memory 300KiB)
+add_test(NAME cli.inspect_full_context_in_whole_blocks COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;inspect;--model;${MODELS}/stories260K.gguf;--kv-preset;int2-small;--json"
+  "-DFIELDS=kv_bytes_full_context" "-DEQUALS=kv_bytes_per_token=127;kv_bytes_full_context=65280"
+  -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 # A byte budget too small for one request once FP16 staging is paid: refused
 # at start, not a server that refuses every request.
 kvserve_error_test(cli.error_serve_budget_below_one_request "cannot hold a request of 2 tokens"
