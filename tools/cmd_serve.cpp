@@ -3,12 +3,16 @@
 // once requests are accepted; SIGTERM or SIGINT drains running requests (up
 // to --drain-timeout seconds), cancels the rest, and exits 0. A second signal
 // during the drain exits at once (status 1).
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "engine/engine.h"
@@ -29,14 +33,66 @@ struct ServeArgs {
   double drain_timeout = 30;     // seconds running requests may take to finish after SIGTERM
 };
 
+// SIGTERM and SIGINT, whichever thread the kernel hands them to. Blocking
+// them and calling sigwait does not cover every thread: OpenBLAS starts its
+// workers when the library loads, before main, with no signal blocked, and a
+// signal delivered to one of them took its default action (a second signal
+// during a drain killed the process with status 143, no message, and cut the
+// running responses). A handler is process-wide; it only writes the signal's
+// number into a pipe (write is async-signal-safe), and ordinary threads read
+// it. SIGINT is handled even when inherited as ignored (how a shell starts a
+// background job): kill -INT stops such a server as kill -TERM does.
+//
+// One per process, alive until it exits (its handler writes to its pipe).
+class ShutdownSignals {
+ public:
+  ShutdownSignals() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail("cannot create the signal pipe: {}", std::strerror(errno));
+    ::fcntl(fds[1], F_SETFL, O_NONBLOCK);  // the handler never blocks (a full pipe has signals enough)
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    struct sigaction sa {};
+    sa.sa_handler = &ShutdownSignals::on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+  }
+  // Blocks the signals in the calling thread and in the threads it starts
+  // from now on (the engine's, httplib's), so that only the threads that
+  // wait() and OpenBLAS's run the handler; the others' system calls are
+  // never interrupted.
+  void block() const { pthread_sigmask(SIG_BLOCK, &set_, nullptr); }
+  // The next signal's number; unblocks the signals in the calling thread
+  // (one thread at least must take them when OpenBLAS runs none).
+  int wait() const {
+    pthread_sigmask(SIG_UNBLOCK, &set_, nullptr);
+    unsigned char sig = 0;
+    while (::read(read_fd_, &sig, 1) != 1)
+      if (errno != EINTR) fail("cannot read the signal pipe: {}", std::strerror(errno));
+    return sig;
+  }
+
+ private:
+  static void on_signal(int sig) {
+    const int saved = errno;
+    const unsigned char byte = static_cast<unsigned char>(sig);
+    [[maybe_unused]] const ssize_t n = ::write(write_fd_, &byte, 1);
+    errno = saved;
+  }
+
+  static inline int write_fd_ = -1;  // the handler's end of the pipe
+  int read_fd_ = -1;
+  sigset_t set_;
+};
+
 void run(ServeArgs& a) {
-  // Block the shutdown signals before any thread starts, so every thread
-  // inherits the mask and sigwait below is the only receiver.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  static const ShutdownSignals signals;  // before any thread of ours starts
+  signals.block();
 
   if (a.drain_timeout < 0) fail("--drain-timeout must be >= 0 (got {})", a.drain_timeout);
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
@@ -68,13 +124,11 @@ void run(ServeArgs& a) {
                server.chat_template() ? server.chat_template()->note().c_str() : "no vocabulary: token-id prompts only");
   std::fprintf(stderr, "kvserve: listening on http://%s:%d\n", a.http.host.c_str(), port);
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = signals.wait();
   std::fprintf(stderr, "kvserve: %s: draining running requests (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                a.drain_timeout);
-  std::thread second([signals] {
-    int again = 0;
-    sigwait(&signals, &again);
+  std::thread second([] {
+    signals.wait();
     std::fprintf(stderr, "kvserve: second signal: exiting now\n");
     std::_Exit(1);
   });

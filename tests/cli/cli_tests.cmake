@@ -263,6 +263,16 @@ kvserve_error_test(cli.bench_error_server_unreachable "cannot reach http://127.0
   bench --server http://127.0.0.1:1 --requests 1)
 kvserve_error_test(cli.bench_error_no_model "--model is required"
   bench --prompt-tokens 8)
+# Shutdown signals on the real binary: a first SIGTERM/SIGINT drains and
+# exits 0, a second one during the drain exits 1 with its message.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME cli.serve_shutdown_signals COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/cli/serve_signals_test.py
+           $<TARGET_FILE:kvserve> ${CMAKE_BINARY_DIR}/serve_signals)
+  set_tests_properties(cli.serve_shutdown_signals PROPERTIES TIMEOUT 180)
+else()
+  message(WARNING "python3 not found: cli.serve_shutdown_signals is not registered")
+endif()
 find_program(KVSERVE_NODE node)
 if(KVSERVE_NODE)
   add_test(NAME server.openai_node COMMAND ${KVSERVE_NODE} ${CMAKE_SOURCE_DIR}/tests/server/openai_client_test.mjs
