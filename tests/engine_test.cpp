@@ -420,6 +420,25 @@ TEST_F(EngineTest, EndTokensCountAndMinTokensHoldThemBack) {
   const Collected kept = run(early);
   EXPECT_EQ(kept.text.substr(0, word + 4), free.text.substr(0, word + 4));
   EXPECT_GE(int32_t(kept.tokens.size()), n);
+
+  // A stop string that begins before min_tokens and ends after it does end
+  // the text (the text under min_tokens used to go out whole, so it was
+  // never matched): the last 2 characters of token j's piece and the first
+  // 2 of token j + 1's, with min_tokens j + 2, reached at token j + 1.
+  std::vector<std::string> pieces;
+  prev = tok->encode("Once upon a time", true).back();
+  for (size_t k = 0; k < free.tokens.size(); prev = free.tokens[k++]) pieces.push_back(tok->decode_piece(prev, free.tokens[k]));
+  size_t j = 4, start = 0;
+  while (pieces[j].size() < 2 || pieces[j + 1].size() < 2) ++j;
+  for (size_t k = 0; k <= j; ++k) start += pieces[k].size();
+  start -= 2;
+  Request straddle = request("Once upon a time", 400, out);
+  straddle.stop = {free.text.substr(start, 4)};
+  straddle.min_tokens = int32_t(j) + 2;
+  const Collected cut = run(straddle);
+  EXPECT_EQ(cut.finish, FinishReason::Stop) << straddle.stop[0];
+  EXPECT_EQ(cut.text, free.text.substr(0, start)) << straddle.stop[0];
+  EXPECT_EQ(cut.tokens.size(), j + 2);
   EXPECT_EQ(engine.stats().kv.blocks_used, 0);
 }
 

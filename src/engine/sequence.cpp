@@ -16,28 +16,29 @@ Sequence::Sequence(RequestId id, Request request, uint64_t order, double arrival
 
 Sequence::Appended Sequence::append(int32_t token, const std::string& piece) {
   tokens_.push_back(token);
+  const size_t before = held_.size();  // where the piece starts in held_
   held_ += piece;
   Appended out;
-  if (num_generated() < request_.min_tokens) {
-    out.text = take_held_text();
-    return out;
+  // From min_tokens on, the earliest match of any stop string that ends in
+  // this piece ends the text there (after it with include_stop_str; of two
+  // matches at one place, the longer), even one that began before min_tokens
+  // (vLLM looks back as far); one wholly before it never does.
+  if (num_generated() >= request_.min_tokens) {
+    size_t cut = std::string::npos, matched = 0;
+    for (const std::string& s : request_.stop) {
+      if (s.empty()) continue;
+      const size_t at = held_.find(s, before + 1 > s.size() ? before + 1 - s.size() : 0);
+      if (at < cut || (at == cut && at != std::string::npos && s.size() > matched)) cut = at, matched = s.size();
+    }
+    if (cut != std::string::npos) {
+      out.text = held_.substr(0, request_.include_stop_str ? cut + matched : cut);
+      held_.clear();
+      out.stopped = true;
+      return out;
+    }
   }
-  // The earliest match of any stop string ends the text there (after it
-  // with include_stop_str; of two matches at one place, the longer).
-  size_t cut = std::string::npos, matched = 0;
-  for (const std::string& s : request_.stop) {
-    if (s.empty()) continue;
-    const size_t at = held_.find(s);
-    if (at < cut || (at == cut && at != std::string::npos && s.size() > matched)) cut = at, matched = s.size();
-  }
-  if (cut != std::string::npos) {
-    out.text = held_.substr(0, request_.include_stop_str ? cut + matched : cut);
-    held_.clear();
-    out.stopped = true;
-    return out;
-  }
-  // Keep back the longest tail that is the beginning of a stop string: it may
-  // still grow into one.
+  // Keep back the longest tail that is the beginning of a stop string (before
+  // min_tokens too): it may still grow into one.
   size_t keep = 0;
   for (const std::string& s : request_.stop)
     for (size_t len = std::min(held_.size(), s.size() - 1); len > keep; --len)

@@ -74,8 +74,9 @@ class Sequence {
     std::string text;     // text safe to emit now (never part of a possible stop string)
     bool stopped = false; // a stop string matched: the sequence is done, text is cut before it
   };
-  // Appends a sampled token and its text piece; checks the stop strings
-  // once min_tokens tokens are generated (before, the text goes out whole).
+  // Appends a sampled token and its text piece. A stop string ends the text
+  // once min_tokens tokens are generated, also one that began before; text
+  // that may begin one is held back from the first token on.
   Appended append(int32_t token, const std::string& piece);
   // Text still held back because it could begin a stop string (emitted at the end).
   std::string take_held_text();
