@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -116,6 +117,18 @@ class RawConnection {
         if (out.size() >= head + 4 + length) return out;
       }
       const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return out;
+      out.append(buf, size_t(n));
+    }
+  }
+  // Everything until the server closes the connection or the timeout
+  // passes; *closed: the server closed it.
+  std::string until_close(bool* closed) {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      *closed = n == 0 || (n < 0 && errno == ECONNRESET);
       if (n <= 0) return out;
       out.append(buf, size_t(n));
     }
@@ -1061,12 +1074,28 @@ TEST_F(HttpServerTest, BodiesPastTheCapGet413AndEmptyPostsAnAnswerAtOnce) {
     EXPECT_EQ(out.find("\"ok\""), std::string::npos) << out.substr(0, 300);
   }
   {
-    // A length past the cap (httplib's own check) gets the same error object.
+    // A declared length past the cap is answered before any of the body is
+    // read, and the connection closed (httplib read the whole declared
+    // length first, 1 GiB in a helper's probe, and kept the connection).
     RawConnection c(port_, 10);
-    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + std::string(5000, 'a'));
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n" + std::string(5000, 'a'));
     const std::string out = c.response();
     EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out.substr(0, 200);
     EXPECT_NE(out.find("payload_too_large"), std::string::npos);
+    EXPECT_NE(out.find("Connection: close"), std::string::npos);
+    bool closed = false;
+    EXPECT_EQ(c.until_close(&closed), "");
+    EXPECT_TRUE(closed);
+  }
+  {
+    // A client that waits for 100 Continue gets the 413 instead.
+    RawConnection c(port_, 10);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n");
+    const std::string out = c.response();
+    EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out.substr(0, 200);
+    bool closed = false;
+    EXPECT_EQ(c.until_close(&closed), "");
+    EXPECT_TRUE(closed);
   }
   {
     // No length and no chunks: an empty body, answered before the 2 s this
@@ -1084,6 +1113,62 @@ TEST_F(HttpServerTest, BodiesPastTheCapGet413AndEmptyPostsAnAnswerAtOnce) {
   const Reply ok = post("/v1/completions", completion("Once upon a time", 2));
   EXPECT_EQ(ok.status, 200) << ok.raw;
   EXPECT_EQ(engine_->stats().requests_submitted, 1);
+}
+
+// Request framing a proxy in front could read otherwise (RFC 9112 section
+// 6): httplib took the first of two Content-Lengths, read -1 or a 20-digit
+// length as a huge one and waited out its read timeout for a body of any
+// Transfer-Encoding but chunked. Each is refused before its body is read,
+// and the connection closed, so the request smuggled after it is never run.
+TEST_F(HttpServerTest, AmbiguousBodyFramingIsRefusedAndTheConnectionClosed) {
+  start();
+  const std::string body = completion("Once upon a time", 2).dump();
+  const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    std::string headers;
+    int status;
+    std::string code;
+  };
+  const std::string n = std::to_string(body.size());
+  const std::vector<Case> cases = {
+      {"Content-Length: -1\r\n", 400, "invalid_http_framing"},
+      {"Content-Length: 99999999999999999999\r\n", 400, "invalid_http_framing"},
+      {"Content-Length: " + n + "\r\nContent-Length: 3\r\n", 400, "invalid_http_framing"},
+      {"Content-Length: " + n + ", " + n + "\r\n", 400, "invalid_http_framing"},
+      {"Transfer-Encoding: gzip\r\n", 400, "invalid_http_framing"},
+      {"Transfer-Encoding: chunked, gzip\r\n", 400, "invalid_http_framing"},
+      {"Transfer-Encoding: gzip, chunked\r\n", 501, "unsupported_transfer_encoding"},
+      {"Transfer-Encoding: chunked\r\nContent-Length: " + n + "\r\n", 400, "invalid_http_framing"},
+  };
+  for (const Case& k : cases) {
+    RawConnection c(port_, 10);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + k.headers + "\r\n" + body + smuggled);
+    const std::string out = c.response();
+    EXPECT_EQ(out.rfind(fmt::format("HTTP/1.1 {}", k.status), 0), 0u) << k.headers << out;
+    EXPECT_NE(out.find("\"code\":\"" + k.code + "\""), std::string::npos) << k.headers << out;
+    bool closed = false;
+    EXPECT_EQ(c.until_close(&closed), "") << k.headers;
+    EXPECT_TRUE(closed) << k.headers;
+  }
+  {
+    // A body on a GET, which httplib does not read, and a chunked HTTP/1.0 request.
+    RawConnection c(port_, 10);
+    c.send("GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n" +
+           smuggled);
+    EXPECT_EQ(c.response().rfind("HTTP/1.1 400", 0), 0u);
+    bool closed = false;
+    EXPECT_EQ(c.until_close(&closed), "");
+    RawConnection c10(port_, 10);
+    c10.send("POST /v1/completions HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" +
+             fmt::format("{:x}\r\n{}\r\n0\r\n\r\n", body.size(), body));
+    EXPECT_EQ(c10.response().rfind("HTTP/1.1 400", 0), 0u);
+  }
+  EXPECT_EQ(engine_->stats().requests_submitted, 0);
+  // Equal lengths twice are one length.
+  RawConnection c(port_, 10);
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + n + "\r\nContent-Length: " + n +
+         "\r\n\r\n" + body);
+  EXPECT_EQ(c.response().rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {

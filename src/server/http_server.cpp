@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 
 #include "server/connection_probe.h"
 #include "server/connection_threads.h"
 #include "server/event_queue.h"
+#include "server/http_framing.h"
 #include "server/utf8_stream.h"
 #include "util/error.h"
 
@@ -34,6 +36,31 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
+
+// Hands res's body to httplib as a content provider whose releaser, called
+// once the response is written or abandoned, calls release(). REQUIRES: a body.
+void release_after_write(httplib::Response& res, std::function<void()> release) {
+  auto body = std::make_shared<std::string>(std::move(res.body));
+  res.body.clear();
+  const std::string type = res.get_header_value("Content-Type");
+  res.headers.erase("Content-Type");  // set_content_provider sets it again
+  res.set_content_provider(
+      body->size(), type,
+      [body](size_t offset, size_t length, httplib::DataSink& sink) {
+        return sink.write(body->data() + offset, std::min(length, body->size() - offset));
+      },
+      [release = std::move(release)](bool) { release(); });
+}
+
+// Answers with e and closes the connection once the answer is written:
+// httplib 0.11 keeps a connection alive whatever the response's Connection
+// header says, and would read what follows as the next request.
+void send_error_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  send_error(res, e);
+  res.set_header("Connection", "close");
+  const ConnectionProbe connection = ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port);
+  release_after_write(res, [connection] { connection.shut_down(); });
+}
 
 ApiError error_of(int status, std::string message, std::string type, std::string code, std::string param = {}) {
   ApiError e;
@@ -196,15 +223,29 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
     if (std::optional<std::string> body = read_body(req, res, read)) handle_detokenize(req, *body, res);
   });
-  // A POST with neither Content-Length nor chunked encoding has an empty
-  // body (RFC 9112); httplib would read until the client closes or its read
-  // timeout fires. Answer at once.
-  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+  // Before any of the body is read: a request whose framing is unsound or
+  // whose declared length is past the cap is answered at once, and its
+  // connection closed (http_framing.h). A POST with neither Content-Length
+  // nor chunked encoding has an empty body (RFC 9112); httplib would read
+  // until the client closes or its read timeout fires. Answer at once.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (std::optional<ApiError> e = framing_error(req, options_.max_body_bytes)) {
+      send_error_and_close(req, res, *e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.method != "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, invalid_request("the request body is empty (send a JSON object with a Content-Length)", {},
                                     "invalid_json"));
     return httplib::Server::HandlerResponse::Handled;
+  });
+  // A client that waits for "100 Continue" before sending its body gets the
+  // same answer instead (httplib would say 100 and read the body first).
+  s.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::optional<ApiError> e = framing_error(req, options_.max_body_bytes);
+    if (!e) return 100;
+    send_error_and_close(req, res, *e);
+    return e->status;
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = model_json(model_name_, created_, context_length_, engine_.config().vocab_size);
@@ -337,22 +378,12 @@ void HttpServer::end_after_write(httplib::Response& res) {
   // httplib writes a body after the handler returns. Ending the response at
   // the handler's return would let shutdown close the connection (it shuts
   // every socket of the port once no response is active) before the bytes
-  // left: hand the body to httplib as a content provider whose releaser,
-  // called once the response is written or abandoned, ends it.
+  // left.
   if (res.body.empty()) {
     end_response();
     return;
   }
-  auto body = std::make_shared<std::string>(std::move(res.body));
-  res.body.clear();
-  const std::string type = res.get_header_value("Content-Type");
-  res.headers.erase("Content-Type");  // set_content_provider sets it again
-  res.set_content_provider(
-      body->size(), type,
-      [body](size_t offset, size_t length, httplib::DataSink& sink) {
-        return sink.write(body->data() + offset, std::min(length, body->size() - offset));
-      },
-      [this](bool) { end_response(); });
+  release_after_write(res, [this] { end_response(); });
 }
 
 bool HttpServer::begin_response() {
@@ -642,10 +673,11 @@ void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Respo
 
 std::optional<std::string> HttpServer::read_body(const httplib::Request& req, httplib::Response& res,
                                                  const httplib::ContentReader& read) const {
-  // A body past the cap is read on and dropped, up to a few times the cap,
-  // so that the 413 reaches the client and the next request on the
+  // A chunked body past the cap is read on and dropped, up to a few times
+  // the cap, so that the 413 reaches the client and the next request on the
   // connection starts where it should. A client sending more than that has
-  // its connection shut down: what follows could be parsed as requests.
+  // its connection shut down: what follows could be parsed as requests. (A
+  // Content-Length past the cap never gets here: framing_error.)
   const size_t cap = options_.max_body_bytes, drain = 4 * cap;
   std::string body;
   size_t seen = 0;
@@ -662,7 +694,7 @@ std::optional<std::string> HttpServer::read_body(const httplib::Request& req, ht
   });
   if (complete && seen <= cap) return body;
   if (abandoned) ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port).shut_down();
-  if (seen > cap || res.status == 413) {  // 413: httplib refused a Content-Length past the cap
+  if (seen > cap) {
     send_error(res, error_of(413, fmt::format("the request body is too large (limit {} bytes)", cap),
                              "invalid_request_error", "payload_too_large"));
   } else {
