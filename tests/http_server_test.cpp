@@ -1171,6 +1171,30 @@ TEST_F(HttpServerTest, AmbiguousBodyFramingIsRefusedAndTheConnectionClosed) {
   EXPECT_EQ(c.response().rfind("HTTP/1.1 200", 0), 0u);
 }
 
+// HTTP/1.0 has no chunked encoding: a stream's body ends with the connection
+// (it was sent chunked), also when the client asked for keep-alive.
+TEST_F(HttpServerTest, Http10StreamsEndWithTheConnection) {
+  start();
+  const std::string body = completion("Once upon a time", 8, true).dump();
+  for (const std::string keep_alive : {"", "Connection: Keep-Alive\r\n"}) {
+    RawConnection c(port_, 10);
+    c.send("POST /v1/completions HTTP/1.0\r\n" + keep_alive + "Content-Length: " + std::to_string(body.size()) +
+           "\r\n\r\n" + body);
+    bool closed = false;
+    const std::string out = c.until_close(&closed);
+    EXPECT_TRUE(closed) << keep_alive;
+    const size_t head = out.find("\r\n\r\n");
+    ASSERT_NE(head, std::string::npos) << out;
+    EXPECT_EQ(out.rfind("HTTP/1.1 200", 0), 0u) << out;
+    EXPECT_EQ(out.find("Transfer-Encoding"), std::string::npos) << out.substr(0, head);
+    Reply r;
+    r.raw = out.substr(head + 4);
+    parse_sse(r);
+    EXPECT_TRUE(r.done) << r.raw;
+    EXPECT_EQ(stream_text(r), greedy(encode("Once upon a time"), 8).first);
+  }
+}
+
 TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {
   start();
   Reply r = get("/nope");

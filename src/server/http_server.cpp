@@ -825,7 +825,7 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
                            c->choices[0].id);
   c->probe = ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port);
   if (cr.stream) {
-    respond_stream(res, c);
+    respond_stream(res, c, req.version == "HTTP/1.0");
     handed_over = true;
   } else {
     respond_whole(res, c);
@@ -980,36 +980,42 @@ bool HttpServer::stream_step(Completion& c, std::string* out) {
   return true;
 }
 
-void HttpServer::respond_stream(httplib::Response& res, std::shared_ptr<Completion> c) {
+void HttpServer::respond_stream(httplib::Response& res, std::shared_ptr<Completion> c, bool close_delimited) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, c](size_t, httplib::DataSink& sink) {
-        std::string out;
-        if (!c->started) {
-          c->started = true;
-          // Chat's first chunk names the role, at once (clients see the stream open).
-          if (c->endpoint == Endpoint::ChatCompletions)
-            for (size_t i = 0; i < c->choices.size(); ++i)
-              out += sse_event(completion_chunk(c->endpoint, c->meta, "", {}, true, c->include_usage, nullptr, int(i)));
-        } else if (c->probe.closed()) {
-          return false;  // the releaser cancels the request
-        } else if (!stream_step(*c, &out) &&
-                   SteadyTime::now() - c->last_write > std::chrono::milliseconds(options_.heartbeat_ms)) {
-          out = ": keep-alive\n\n";
-        }
-        if (!out.empty()) {
-          if (!sink.write(out.data(), out.size())) return false;
-          c->last_write = SteadyTime::now();
-        }
-        if (c->finished) sink.done();
-        return true;
-      },
-      [this, c](bool) {
-        if (!c->finished) cancel_unfinished(*c);
-        end_response();
-      });
+  auto provider = [this, c](size_t, httplib::DataSink& sink) {
+    std::string out;
+    if (!c->started) {
+      c->started = true;
+      // Chat's first chunk names the role, at once (clients see the stream open).
+      if (c->endpoint == Endpoint::ChatCompletions)
+        for (size_t i = 0; i < c->choices.size(); ++i)
+          out += sse_event(completion_chunk(c->endpoint, c->meta, "", {}, true, c->include_usage, nullptr, int(i)));
+    } else if (c->probe.closed()) {
+      return false;  // the releaser cancels the request
+    } else if (!stream_step(*c, &out) &&
+               SteadyTime::now() - c->last_write > std::chrono::milliseconds(options_.heartbeat_ms)) {
+      out = ": keep-alive\n\n";
+    }
+    if (!out.empty()) {
+      if (!sink.write(out.data(), out.size())) return false;
+      c->last_write = SteadyTime::now();
+    }
+    if (c->finished) sink.done();
+    return true;
+  };
+  auto release = [this, c, close_delimited](bool) {
+    if (!c->finished) cancel_unfinished(*c);
+    if (close_delimited) c->probe.shut_down();  // the end of the body (httplib would keep a keep-alive one open)
+    end_response();
+  };
+  if (close_delimited) {
+    // HTTP/1.0 has no chunked encoding: the body ends where the connection does.
+    res.set_header("Connection", "close");
+    res.set_content_provider("text/event-stream", provider, release);
+  } else {
+    res.set_chunked_content_provider("text/event-stream", provider, release);
+  }
 }
 
 }  // namespace kvserve

@@ -123,7 +123,9 @@ class HttpServer {
   // *truncated: truncate_prompt_tokens cut the prompt.
   std::optional<ApiError> prepare(const CompletionRequest& cr, size_t prompt, Request* out, bool* truncated) const;
   void respond_whole(httplib::Response& res, std::shared_ptr<Completion> c);
-  void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c);
+  // close_delimited: an HTTP/1.0 client; the body ends when the connection
+  // closes, since HTTP/1.0 has no chunked encoding.
+  void respond_stream(httplib::Response& res, std::shared_ptr<Completion> c, bool close_delimited);
   bool stream_step(Completion& c, std::string* out);  // true when the last event was written into *out
   // The text an event of choice i adds (the echoed prompt first, on its first).
   std::string event_text(Completion& c, size_t i, const RequestEvent& e) const;
