@@ -929,6 +929,9 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
        "invalid_value"},
       {"/v1/chat/completions", "{" + m + R"("messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
         "max_completion_tokens": 5})", "max_completion_tokens", "invalid_value"},
+      // The field the client sent (it used to say max_tokens).
+      {"/v1/chat/completions", "{" + m + R"("messages": [{"role": "user", "content": "x"}],
+        "max_completion_tokens": 100000})", "max_completion_tokens", "context_length_exceeded"},
   };
   for (const Case& c : cases) {
     const Reply r = post_raw(c.path, c.body);
@@ -1169,6 +1172,26 @@ TEST_F(HttpServerTest, AmbiguousBodyFramingIsRefusedAndTheConnectionClosed) {
   c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + n + "\r\nContent-Length: " + n +
          "\r\n\r\n" + body);
   EXPECT_EQ(c.response().rfind("HTTP/1.1 200", 0), 0u);
+}
+
+// What httplib refuses before routing gets an error object with a code too
+// (it was {"code": null, "message": "HTTP 400"}).
+TEST_F(HttpServerTest, UnparsableRequestsGetAnErrorCode) {
+  start();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"HELLO\r\n\r\n", "HTTP/1.1 400"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nX: " + std::string(9000, 'a') + "\r\n\r\n", "HTTP/1.1 400"},
+      {"GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 414"},
+  };
+  for (const auto& [request, status] : cases) {
+    RawConnection c(port_, 10);
+    c.send(request);
+    const std::string out = c.response();
+    EXPECT_EQ(out.rfind(status, 0), 0u) << out;
+    const json e = json::parse(out.substr(out.find("\r\n\r\n") + 4))["error"];
+    EXPECT_EQ(e["code"], status.ends_with("414") ? "uri_too_long" : "invalid_http_request") << out;
+    EXPECT_EQ(e["type"], "invalid_request_error");
+  }
 }
 
 // HTTP/1.0 has no chunked encoding: a stream's body ends with the connection

@@ -130,6 +130,12 @@ TEST(OpenAiProtocol, ChatMessages) {
   EXPECT_EQ(r.messages[2].content, "");
   EXPECT_EQ(r.messages[3].content, "again");
   EXPECT_EQ(r.max_tokens, 9);
+  // Limits on it name the field the client sent.
+  EXPECT_EQ(r.max_tokens_param, "max_completion_tokens");
+  EXPECT_EQ(parse_ok(R"({"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]})",
+                     Endpoint::ChatCompletions)
+                .max_tokens_param,
+            "max_tokens");
 }
 
 TEST(OpenAiProtocol, MistakesNameTheField) {
@@ -245,6 +251,10 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
   // A budget past int32 is positive: the message says it is too large.
   EXPECT_EQ(parse_error(R"({"model": "m", "prompt": "x", "kv": {"budget": 1e12}})").message,
             "'kv.budget' of 1000000000000 tokens is too large (at most 2147483647)");
+  // A batch's mistakes name their prompt, as the server's later checks do.
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": [[1], []]})").message, "prompt 1: 'prompt' must not be empty");
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": ["a", "b", 3]})").message,
+            "prompt 2: 'prompt' must be an array of strings or of token-id arrays (got an integer)");
 }
 
 TEST(OpenAiProtocol, ResponsesAndChunksHaveOpenAisShape) {

@@ -283,6 +283,14 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
                                "invalid_request_error", "unknown_route"));
     } else if (res.status == 413) {
       send_error(res, error_of(413, "the request body is too large", "invalid_request_error", "payload_too_large"));
+    } else if (res.status == 414) {
+      send_error(res, error_of(414, fmt::format("the request line is longer than {} bytes", CPPHTTPLIB_REQUEST_URI_MAX_LENGTH),
+                               "invalid_request_error", "uri_too_long"));
+    } else if (res.status == 400) {  // httplib could not parse the request
+      send_error(res, error_of(400, fmt::format("malformed HTTP request: the request line, a header or a chunked body "
+                                                "could not be parsed (lines are limited to {} bytes)",
+                                                CPPHTTPLIB_HEADER_MAX_LENGTH),
+                               "invalid_request_error", "invalid_http_request"));
     } else {
       send_error(res, error_of(res.status, fmt::format("HTTP {}", res.status),
                                res.status < 500 ? "invalid_request_error" : "server_error", {}));
@@ -498,7 +506,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
     return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
                                        "{} completion tokens = {}",
                                        context_length_, n, max_tokens, n + max_tokens),
-                           cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
+                           cr.max_tokens ? cr.max_tokens_param : param, "context_length_exceeded");
   if (fp.held_tokens > kv_capacity_tokens_)
     return invalid_request(fmt::format("the server's KV cache holds {} tokens; the request needs {} prompt + {} "
                                        "completion tokens = {}{}",
@@ -506,9 +514,10 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
                                        fp.held_tokens < n + max_tokens
                                            ? fmt::format(", of which its KV policy keeps {}", fp.held_tokens)
                                            : ""),
-                           cr.max_tokens ? "max_tokens" : param, "context_length_exceeded");
+                           cr.max_tokens ? cr.max_tokens_param : param, "context_length_exceeded");
   if (cr.min_tokens > max_tokens)
-    return invalid_request(fmt::format("'min_tokens' ({}) is more than max_tokens ({})", cr.min_tokens, max_tokens),
+    return invalid_request(fmt::format("'min_tokens' ({}) is more than {} ({})", cr.min_tokens,
+                                       cr.max_tokens ? cr.max_tokens_param : "max_tokens", max_tokens),
                            "min_tokens", "invalid_value");
   std::vector<int32_t> biased;
   for (const auto& [t, bias] : cr.sampling.logit_bias) biased.push_back(t);

@@ -13,8 +13,8 @@
 //
 // Status codes: 400 for every client mistake (OpenAI error object), 401 bad or
 // missing API key, 404 unknown route or model id, 405 wrong method, 413 body
-// too large, 429 waiting queue full (with Retry-After),
-// 501 a transfer coding other than chunked, 503 while shutting
+// too large, 414 request line too long, 429 waiting queue full (with
+// Retry-After), 501 a transfer coding other than chunked, 503 while shutting
 // down; 500 only for failures inside the engine. Unsound body framing
 // (http_framing.h) closes the connection after the answer.
 //

@@ -126,9 +126,16 @@ void parse_prompt(const json& body, CompletionRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) reject("'prompt' is required", "prompt", "missing_required_parameter");
   if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    for (const json& x : *p) {
-      if (!x.is_string() && !x.is_array()) wrong_type("prompt", "an array of strings or of token-id arrays", x);
-      r.prompts.push_back(parse_one_prompt(x, "prompt"));
+    // An error names its prompt, as the server's later checks of each do.
+    for (size_t i = 0; i < p->size(); ++i) {
+      const json& x = (*p)[i];
+      try {
+        if (!x.is_string() && !x.is_array()) wrong_type("prompt", "an array of strings or of token-id arrays", x);
+        r.prompts.push_back(parse_one_prompt(x, "prompt"));
+      } catch (Rejected& e) {
+        e.error.message = fmt::format("prompt {}: {}", i, e.error.message);
+        throw;
+      }
     }
     return;
   }
@@ -383,6 +390,7 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
     const int32_t mct = read_int(body, "max_completion_tokens", 1, kMax, 0);
     if (mct != 0 && r.max_tokens != 0 && mct != r.max_tokens)
       reject("'max_tokens' and 'max_completion_tokens' disagree; send one of them", "max_completion_tokens");
+    if (mct != 0 && r.max_tokens == 0) r.max_tokens_param = "max_completion_tokens";
     if (mct != 0) r.max_tokens = mct;
   }
 

@@ -63,6 +63,7 @@ struct CompletionRequest {
   std::vector<Prompt> prompts;
   std::vector<ChatMessage> messages;      // chat; "developer" is read as system, text parts joined
   int32_t max_tokens = 0;                 // 0 = not given: the endpoint's default applies
+  std::string max_tokens_param = "max_tokens";  // the field it came from (chat: or max_completion_tokens)
   SamplerOptions sampling;                // OpenAI's defaults: temperature 1, top_p 1; top_k 0 (all)
   bool seed_given = false;                // sampling.seed came from the client
   std::vector<std::string> stop;          // stop strings, each non-empty
