@@ -368,31 +368,27 @@ TEST(SparsityOptions, RejectsSinksThatLeaveNoWindow) {
 // A knob the policy never reads was accepted and silently ignored.
 TEST(SparsityOptions, RejectsKnobsThePolicyDoesNotRead) {
   KvCache cache(two_heads(), KvCacheOptions{});
-  auto refused = [&](SparsityOptions so, const char* message) {
-    expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, message);
+  struct Case {
+    const char* policy;
+    std::function<void(SparsityOptions&)> knob;
+    const char* message;
   };
-  SparsityOptions so = policy("full", 64);
-  refused(so, "--kv-budget applies to a sparsity policy");
-  so = policy("topk", 64);
-  so.sinks = 4;
-  refused(so, "do not apply to --kv-policy topk");
-  so = policy("h2o", 64);
-  so.observe = 8;
-  refused(so, "--kv-observe and --kv-pool apply to --kv-policy snapkv only");
-  so = policy("window", 64);
-  so.ann_backend = KeyIndexBackend::IvfPq;
-  refused(so, "apply to --kv-policy ann only");
-  so = policy("window", 64);
-  so.scope = SparsityScope::Aggregate;
-  refused(so, "--kv-scope applies to h2o and snapkv");
-  so = policy("snapkv", 64);
-  so.score = H2oScore::Mean;
-  refused(so, "--kv-score applies to h2o");
-  so = policy("ann", 64);
-  so.compact_slack = 16;
-  refused(so, "--kv-compact-slack applies to evicting policies only");
+  const std::vector<Case> cases = {
+      {"full", [](SparsityOptions&) {}, "--kv-budget applies to a sparsity policy"},
+      {"topk", [](SparsityOptions& o) { o.sinks = 4; }, "do not apply to --kv-policy topk"},
+      {"h2o", [](SparsityOptions& o) { o.observe = 8; }, "--kv-observe and --kv-pool apply to --kv-policy snapkv only"},
+      {"window", [](SparsityOptions& o) { o.ann_backend = KeyIndexBackend::IvfPq; }, "apply to --kv-policy ann only"},
+      {"window", [](SparsityOptions& o) { o.scope = SparsityScope::Aggregate; }, "--kv-scope applies to h2o and snapkv"},
+      {"snapkv", [](SparsityOptions& o) { o.score = H2oScore::Mean; }, "--kv-score applies to h2o"},
+      {"ann", [](SparsityOptions& o) { o.compact_slack = 16; }, "--kv-compact-slack applies to evicting policies only"},
+  };
+  for (const Case& c : cases) {
+    SparsityOptions so = policy(c.policy, 64);
+    c.knob(so);
+    expect_error_containing([&] { (void)resolve_sparsity_options(so, cache); }, c.message);
+  }
   // The knobs of the policies that read them still pass.
-  so = policy("snapkv", 64);
+  SparsityOptions so = policy("snapkv", 64);
   so.observe = 8;
   so.pool = 3;
   EXPECT_EQ(resolve_sparsity_options(so, cache).pool, 3);
