@@ -44,6 +44,14 @@ TEST(HttpFramingTest, ContentLengthsMustBeOneDecimalNumberOf64Bits) {
   EXPECT_EQ(refusal(request("POST", {{"Content-Length", "18446744073709551615"}})),
             std::pair(413, std::string("payload_too_large")));
   EXPECT_EQ(refusal(request("POST", {{"Content-Length", "101"}})), std::pair(413, std::string("payload_too_large")));
+  // With a later refusal point (the server's pre-routing check: 4x the cap),
+  // lengths up to it pass, and the message still names the cap.
+  EXPECT_FALSE(framing_error(request("POST", {{"Content-Length", "400"}}), 100, 400));
+  const std::optional<ApiError> e = framing_error(request("POST", {{"Content-Length", "401"}}), 100, 400);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("limit 100 bytes"), std::string::npos) << e->message;
+  EXPECT_NE(framing_error(request("OPTIONS", {{"Content-Length", "4"}}), 100)->message.find("an OPTIONS request"),
+            std::string::npos);
 }
 
 TEST(HttpFramingTest, TransferEncodingsOtherThanChunkedAreRefused) {

@@ -41,7 +41,8 @@ std::vector<std::string> transfer_codings(const httplib::Request& req) {
 
 }  // namespace
 
-std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_body_bytes) {
+std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_body_bytes, size_t refuse_past) {
+  if (refuse_past == 0) refuse_past = max_body_bytes;
   const size_t n_lengths = req.get_header_value_count("Content-Length");
   if (req.has_header("Transfer-Encoding")) {
     const std::vector<std::string> codings = transfer_codings(req);
@@ -76,8 +77,8 @@ std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_bo
   const bool reads_body =
       std::any_of(std::begin(kBodyMethods), std::end(kBodyMethods), [&](const char* m) { return req.method == m; });
   if (!reads_body && (length > 0 || req.has_header("Transfer-Encoding")))
-    return bad_framing(fmt::format("a {} request has no body here", req.method));
-  if (length > max_body_bytes)
+    return bad_framing(fmt::format("{} {} request has no body here", req.method.find_first_of("AEIOU") == 0 ? "an" : "a", req.method));
+  if (length > refuse_past)
     return framing(413, fmt::format("the request body is too large (limit {} bytes; Content-Length {})",
                                     max_body_bytes, length),
                    "payload_too_large");

@@ -24,8 +24,10 @@ namespace kvserve {
 //       coding is not chunked, with a Content-Length as well, or in an
 //       HTTP/1.0 request; a body on a method httplib reads none for (GET ...);
 //   501 unsupported_transfer_encoding: a coding before chunked (gzip, chunked);
-//   413 payload_too_large: a Content-Length past max_body_bytes.
+//   413 payload_too_large: a Content-Length past `refuse_past` bytes (by
+//       default max_body_bytes, the limit the message names).
 // A request with neither header passes (its body, if any, is empty).
-[[nodiscard]] std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_body_bytes);
+[[nodiscard]] std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_body_bytes,
+                                                    size_t refuse_past = 0);
 
 }  // namespace kvserve

@@ -223,13 +223,17 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
     if (std::optional<std::string> body = read_body(req, res, read)) handle_detokenize(req, *body, res);
   });
-  // Before any of the body is read: a request whose framing is unsound or
-  // whose declared length is past the cap is answered at once, and its
-  // connection closed (http_framing.h). A POST with neither Content-Length
+  // Before any of the body is read: a request whose framing is unsound, or
+  // whose declared length is past 4x the cap, is answered at once and its
+  // connection closed (http_framing.h). Up to 4x the cap httplib reads the
+  // body, drops it and answers 413: clients that send a body whole without
+  // waiting for 100 Continue (Python's http.client, the OpenAI SDKs) read
+  // no answer while they are still writing (a reviewer saw broken pipes and
+  // 10 s timeouts for a 17 MiB body answered at once). A POST with neither Content-Length
   // nor chunked encoding has an empty body (RFC 9112); httplib would read
   // until the client closes or its read timeout fires. Answer at once.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (std::optional<ApiError> e = framing_error(req, options_.max_body_bytes)) {
+    if (std::optional<ApiError> e = framing_error(req, options_.max_body_bytes, 4 * options_.max_body_bytes)) {
       send_error_and_close(req, res, *e);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -686,7 +690,9 @@ std::optional<std::string> HttpServer::read_body(const httplib::Request& req, ht
   // the cap, so that the 413 reaches the client and the next request on the
   // connection starts where it should. A client sending more than that has
   // its connection shut down: what follows could be parsed as requests. (A
-  // Content-Length past the cap never gets here: framing_error.)
+  // Content-Length past the cap: httplib's reader reads the body on, drops
+  // it and fails, and the answer is 413 here; past 4x the cap framing_error
+  // answered at once.)
   const size_t cap = options_.max_body_bytes, drain = 4 * cap;
   std::string body;
   size_t seen = 0;
@@ -703,7 +709,9 @@ std::optional<std::string> HttpServer::read_body(const httplib::Request& req, ht
   });
   if (complete && seen <= cap) return body;
   if (abandoned) ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port).shut_down();
-  if (seen > cap) {
+  const bool declared_past_cap = req.has_header("Content-Length") &&
+                                 req.get_header_value<uint64_t>("Content-Length") > uint64_t(cap);
+  if (seen > cap || declared_past_cap) {
     send_error(res, error_of(413, fmt::format("the request body is too large (limit {} bytes)", cap),
                              "invalid_request_error", "payload_too_large"));
   } else {
