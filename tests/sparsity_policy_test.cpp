@@ -365,6 +365,18 @@ TEST(SparsityOptions, RejectsSinksThatLeaveNoWindow) {
   EXPECT_EQ(resolve_sparsity_options(so, cache).window, 64);
 }
 
+// Defaults are filled in only for knobs the policy reads: resolved options
+// resolve again unchanged (filled-in knobs were refused the second time).
+TEST(SparsityOptions, ResolvedOptionsResolveAgainUnchanged) {
+  KvCacheOptions o;
+  o.k.pre_rope = true;
+  KvCache cache(two_heads(), o);
+  for (const char* name : {"window", "sinks", "h2o", "snapkv", "topk", "ann"}) {
+    const SparsityOptions once = resolve_sparsity_options(policy(name, 16), cache);
+    EXPECT_EQ(describe(resolve_sparsity_options(once, cache)), describe(once)) << name;
+  }
+}
+
 // A knob the policy never reads was accepted and silently ignored.
 TEST(SparsityOptions, RejectsKnobsThePolicyDoesNotRead) {
   KvCache cache(two_heads(), KvCacheOptions{});

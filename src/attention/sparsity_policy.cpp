@@ -47,25 +47,26 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
   if (o.value_weighted && p != "h2o" && p != "snapkv") fail("--kv-value-norm applies to h2o and snapkv");
   if (p == "full") return o;
   if (o.budget <= 0) fail("--kv-policy {} needs --kv-budget TOKENS (got {})", p, o.budget);
-  if (o.pool < 0) o.pool = 7;
-  if (o.pool < 1 || o.pool % 2 == 0) fail("--kv-pool must be odd and positive (got {})", o.pool);
+  if (p == "snapkv" && o.pool < 0) o.pool = 7;
+  if (p == "snapkv" && (o.pool < 1 || o.pool % 2 == 0)) fail("--kv-pool must be odd and positive (got {})", o.pool);
   if (o.compact_slack < -1) fail("--kv-compact-slack must be >= 0 (got {})", o.compact_slack);
   if (o.horizon < 0) fail("--kv-horizon must be >= 0 (got {})", o.horizon);
   if (o.sinks < -1 || o.window < -1 || o.observe < -1 || o.observe == 0)
     fail("--kv-sinks and --kv-window must be >= 0 and --kv-observe >= 1 when given");
-  if (o.sinks < 0) o.sinks = p == "sinks" ? 4 : 0;
+  // Defaults are filled in only for the knobs the policy reads, so resolved
+  // options resolve again unchanged.
+  if (o.sinks < 0 && p != "topk") o.sinks = p == "sinks" ? 4 : 0;
   // window, sinks and snapkv keep their newest tokens in what the sinks leave.
   if ((p == "window" || p == "sinks" || p == "snapkv") && o.sinks >= o.budget)
     fail("--kv-sinks {} leaves no window in --kv-budget {}", o.sinks, o.budget);
   if ((p == "window" || p == "sinks") && o.window >= 0 && o.window != o.budget - o.sinks)
     fail("--kv-policy {} keeps the last --kv-budget {} - --kv-sinks {} = {} tokens; --kv-window {} says otherwise "
          "(leave it out)", p, o.budget, o.sinks, o.budget - o.sinks, o.window);
-  if (o.observe < 0) o.observe = std::min(32, std::max(1, o.budget / 2));
+  if (p == "snapkv" && o.observe < 0) o.observe = std::min(32, std::max(1, o.budget / 2));
   if (o.window < 0) {
     if (p == "window" || p == "sinks") o.window = o.budget - o.sinks;
     else if (p == "h2o" || p == "ann") o.window = o.budget / 2;
     else if (p == "snapkv") o.window = std::min(o.observe, o.budget - o.sinks);
-    else o.window = 0;
   }
   if (p != "topk" && o.sinks + o.window > o.budget)
     fail("--kv-sinks {} + --kv-window {} exceed --kv-budget {}", o.sinks, o.window, o.budget);
@@ -84,6 +85,7 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
 SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& cache, int32_t chunk) {
   const SparsityOptions o = resolve_sparsity_options(options, cache);
   SparsityLimits limits;
+  limits.budget = o.budget;
   if (o.policy == "full" || o.policy == "topk" || o.policy == "ann") return limits;  // every token stays
   // An evicting policy holds its budget, the chunk it has just appended and
   // the dead slots it tolerates before compacting.
