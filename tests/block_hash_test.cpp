@@ -11,21 +11,12 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_spec.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-ModelConfig small_shape() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 172;
-  c.n_layers = 2;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return c;
-}
+using testing_shapes::stories_shape;
 
 std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 1) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -89,7 +80,7 @@ TEST(BlockHash, KeysChainAndDifferBetweenHashes) {
 }
 
 TEST(BlockHash, IdentityCoversModelCodecsBlockSizeAndResidual) {
-  const ModelConfig c = small_shape();
+  const ModelConfig c = stories_shape(2);
   KvCacheOptions o;
   o.block_size = 4;
   o.num_blocks = 4;

@@ -11,21 +11,12 @@
 #include "kernels/vector_ops.h"
 #include "kv/kv_spec.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-ModelConfig stories_shape() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 172;
-  c.n_layers = 5;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return c;
-}
+using testing_shapes::stories_shape;
 
 TEST(BlockPool, AllocatesInIdOrderAndReusesFreedBlocksFirst) {
   BlockPool pool(4);

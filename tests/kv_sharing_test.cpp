@@ -7,21 +7,12 @@
 
 #include "kv/kv_cache.h"
 #include "kv/kv_spec.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-ModelConfig small_shape() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 172;
-  c.n_layers = 2;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return c;
-}
+using testing_shapes::stories_shape;
 
 KvCacheOptions fp32_options(int32_t num_blocks) {
   KvCacheOptions o;
@@ -54,7 +45,7 @@ float key_at(const KvCache& cache, const BlockTable& t, int layer, int32_t pos) 
 }
 
 TEST(KvSharing, ForkSharesBlocksAndCopyOnWriteSplitsThePartialBlock) {
-  KvCache cache(small_shape(), fp32_options(8));
+  KvCache cache(stories_shape(2), fp32_options(8));
   BlockTable a;
   fill(cache, a, 6);  // blocks 0 (full), 1 (2 of 4 tokens)
   ASSERT_EQ(a.blocks, (std::vector<int32_t>{0, 1}));
@@ -89,7 +80,7 @@ TEST(KvSharing, ForkSharesBlocksAndCopyOnWriteSplitsThePartialBlock) {
 }
 
 TEST(KvSharing, CopyOnWriteFailsWithoutChangingAnythingWhenNoBlockIsFree) {
-  KvCache cache(small_shape(), fp32_options(2));
+  KvCache cache(stories_shape(2), fp32_options(2));
   BlockTable a, b;
   fill(cache, a, 6);
   ASSERT_TRUE(cache.fork(a, b));
@@ -104,7 +95,7 @@ TEST(KvSharing, CopyOnWriteFailsWithoutChangingAnythingWhenNoBlockIsFree) {
 }
 
 TEST(KvSharing, ForkDoesNotShareBlocksReservedBeyondTheTokens) {
-  KvCache cache(small_shape(), fp32_options(8));
+  KvCache cache(stories_shape(2), fp32_options(8));
   BlockTable a, b;
   fill(cache, a, 4);
   ASSERT_TRUE(cache.reserve(a, 4));  // block 1 reserved, nothing written yet
@@ -119,7 +110,7 @@ TEST(KvSharing, ForkDoesNotShareBlocksReservedBeyondTheTokens) {
 }
 
 TEST(KvSharing, ReleaseReturnsBlocksTailFirst) {
-  KvCache cache(small_shape(), fp32_options(4));
+  KvCache cache(stories_shape(2), fp32_options(4));
   BlockTable a;
   fill(cache, a, 12);
   ASSERT_EQ(a.blocks, (std::vector<int32_t>{0, 1, 2}));
@@ -143,7 +134,7 @@ KvCacheOptions int4_options(int32_t num_blocks) {
 }
 
 TEST(KvSharing, ForkSharesFullStagingAndCopiesTheOpenBlocksSlot) {
-  KvCache cache(small_shape(), int4_options(8));
+  KvCache cache(stories_shape(2), int4_options(8));
   ASSERT_EQ(cache.residual(), 8);
   EXPECT_EQ(cache.staged_before(3), 1);
   BlockTable a;
@@ -178,7 +169,7 @@ TEST(KvSharing, ForkSharesFullStagingAndCopiesTheOpenBlocksSlot) {
 }
 
 TEST(KvSharing, AttachPrefixSharesFinalBlocksAndStagingSlots) {
-  KvCache cache(small_shape(), int4_options(8));
+  KvCache cache(stories_shape(2), int4_options(8));
   BlockTable a;
   fill(cache, a, 10);
   cache.seal_full_blocks(a);  // block 1 encoded now, keeps its staging slot

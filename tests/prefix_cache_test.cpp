@@ -13,21 +13,12 @@
 #include "kv/kv_spec.h"
 #include "kv/prefix_cache_json.h"
 #include "util/error.h"
+#include "test_support.h"
 
 namespace kvserve {
 namespace {
 
-ModelConfig small_shape() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 172;
-  c.n_layers = 2;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return c;
-}
+using testing_shapes::stories_shape;
 
 // first, first + 1, ..., n tokens.
 std::vector<int32_t> toks(int32_t first, int32_t n) {
@@ -58,7 +49,7 @@ class PrefixCacheTest : public ::testing::Test {
     ko.block_size = 4;
     ko.num_blocks = num_blocks;
     apply_kv_preset(ko, preset, /*keep_block_size=*/true);
-    cache = std::make_unique<KvCache>(small_shape(), ko);
+    cache = std::make_unique<KvCache>(stories_shape(2), ko);
     o.model_id = "test-model";
     pc = std::make_unique<PrefixCache>(*cache, o, clock);
   }
@@ -493,7 +484,7 @@ TEST_F(PrefixCacheTest, RejectsBadOptionsAndScopes) {
   KvCacheOptions ko;
   ko.block_size = 4;
   ko.num_blocks = 4;
-  KvCache other(small_shape(), ko);
+  KvCache other(stories_shape(2), ko);
   PrefixCacheOptions o;
   EXPECT_THROW({ PrefixCache p(other, o, clock); }, Error);  // no model id
   o.model_id = "m";

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "model/model_config.h"
 #include "util/error.h"
 
 namespace kvserve::testing_files {
@@ -44,3 +45,22 @@ void expect_error_containing(F&& f, const std::string& needle) {
 }
 
 }  // namespace kvserve::testing_files
+
+namespace kvserve::testing_shapes {
+
+// The shape of stories260K (dim 64, 8 query heads over 4 KV heads of dim 8,
+// 512-token context) with n_layers layers: what cache-level tests size their
+// caches by, with no weights behind it.
+inline ModelConfig stories_shape(int32_t n_layers = 5) {
+  ModelConfig c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.n_layers = n_layers;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.vocab_size = 512;
+  c.seq_len = 512;
+  return c;
+}
+
+}  // namespace kvserve::testing_shapes

@@ -17,6 +17,7 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_spec.h"
 #include "redis_test_support.h"
+#include "test_support.h"
 #include "store/disk_store.h"
 #include "store/host_store.h"
 #include "store/redis_store.h"
@@ -26,6 +27,8 @@
 
 namespace kvserve {
 namespace {
+
+using testing_shapes::stories_shape;
 
 namespace fs = std::filesystem;
 using namespace testing_redis;
@@ -351,18 +354,6 @@ TEST_F(TieredKvStoreTest, MetricsExportAsPrometheusTextAndJson) {
 }
 
 // ---- a real KvCache block through every tier ----
-
-ModelConfig stories_shape() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 172;
-  c.n_layers = 5;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return c;
-}
 
 std::unique_ptr<KvCache> int4_cache(const ModelConfig& c, const std::string& preset = "int4") {
   KvCacheOptions o;
