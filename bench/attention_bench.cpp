@@ -83,6 +83,7 @@ std::vector<CodecPair> codec_pairs() {
       {"int4-small's codecs in 128-token blocks, K channel/g128", s8(chan(KvDType::INT4, 128)), s8(tok(KvDType::INT4, 64)),
        128},
       {"fp8 (E4M3)", {KvDType::FP8}, {KvDType::FP8}},
+      {"fp8_e5m2", {KvDType::FP8_E5M2}, {KvDType::FP8_E5M2}},
   };
 }
 
@@ -312,6 +313,9 @@ BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({9, 12, 4096})->Args
     ->Args({9, 14, 16384})->Args({12, 14, 16384})->Iterations(200);
 // FP8 (E4M3) against FP16, both in 16-token blocks.
 BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({1, 15, 4096})->Args({1, 15, 16384})->Iterations(200);
+// FP8 E5M2 against FP16 and against E4M3.
+BENCHMARK(BM_LayoutPair)->ArgNames({"a", "b", "ctx"})->Args({1, 16, 4096})->Args({1, 16, 16384})
+    ->Args({15, 16, 16384})->Iterations(200);
 
 // The cache's arena (per block: K of every head, then V) against head planes
 // (LayerSet::planar: a head's slices of consecutive blocks adjacent), one

@@ -1,4 +1,4 @@
-// Scalar conversions of util/half.h, FP8 E4M3 against the format's definition.
+// Scalar conversions of util/half.h, FP8 E4M3 and E5M2 against the formats' definitions.
 #include "util/half.h"
 
 #include <gtest/gtest.h>
@@ -52,6 +52,54 @@ TEST(Fp8, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(int(fp32_to_fp8(-std::numeric_limits<float>::infinity())), 0xFE);
   EXPECT_EQ(int(fp32_to_fp8(std::ldexp(1.0f, -11))), 0x00);  // a quarter of the smallest subnormal
   EXPECT_EQ(fp32_to_fp8(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
+}
+
+// The value of an E5M2 code from its fields (+-inf for 0x7C / 0xFC, NaN above).
+double e5m2_value(int code) {
+  const int sign = code >> 7, exp = (code >> 2) & 0x1F, mant = code & 3;
+  if (exp == 31) return mant == 0 ? (sign ? -INFINITY : INFINITY) : std::numeric_limits<double>::quiet_NaN();
+  const double mag = exp == 0 ? mant / 4.0 * std::ldexp(1.0, -14) : (1 + mant / 4.0) * std::ldexp(1.0, exp - 15);
+  return sign ? -mag : mag;
+}
+
+TEST(Fp8E5M2, EveryCodeDecodesToItsValueAndBack) {
+  for (int code = 0; code < 256; ++code) {
+    const double want = e5m2_value(code);
+    const float got = fp8_e5m2_to_fp32(fp8_e5m2_t(code));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << code;
+      EXPECT_TRUE(std::isnan(fp8_e5m2_to_fp32(fp32_to_fp8_e5m2(got)))) << code;
+      continue;
+    }
+    EXPECT_EQ(double(got), want) << code;
+    if (std::isinf(want) || code == 0x80) continue;  // infinities saturate; -0 checked below
+    EXPECT_EQ(int(fp32_to_fp8_e5m2(got)), code) << code;
+  }
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(-0.0f)), 0x80);
+  EXPECT_EQ(fp8_e5m2_to_fp32(0x7B), 57344.0f);
+  EXPECT_EQ(fp8_e5m2_to_fp32(0x01), std::ldexp(1.0f, -16));
+}
+
+// As E4M3: nearest, ties to the even mantissa, from the FP32 value itself
+// (a tie between two E5M2 codes is an FP16 value, so rounding through FP16
+// first would round twice only off ties; the checks either side of each tie
+// catch that too); past 57344 and for infinities it saturates.
+TEST(Fp8E5M2, RoundsToNearestEvenAndSaturates) {
+  for (int code = 0; code < 0x7B; ++code) {
+    const double lo = e5m2_value(code), hi = e5m2_value(code + 1);
+    const float mid = float((lo + hi) / 2);
+    const int even = (code & 1) == 0 ? code : code + 1;
+    EXPECT_EQ(int(fp32_to_fp8_e5m2(mid)), even) << code;
+    EXPECT_EQ(int(fp32_to_fp8_e5m2(std::nextafter(mid, 0.0f))), code) << code;
+    EXPECT_EQ(int(fp32_to_fp8_e5m2(std::nextafter(mid, 1e9f))), code + 1) << code;
+    EXPECT_EQ(int(fp32_to_fp8_e5m2(-std::nextafter(mid, 0.0f))), code | 0x80) << code;
+  }
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(61440.0f)), 0x7B);  // the tie with infinity
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(1e9f)), 0x7B);
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(std::numeric_limits<float>::infinity())), 0x7B);
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(-std::numeric_limits<float>::infinity())), 0xFB);
+  EXPECT_EQ(int(fp32_to_fp8_e5m2(std::ldexp(1.0f, -18))), 0x00);  // a quarter of the smallest subnormal
+  EXPECT_TRUE(std::isnan(fp8_e5m2_to_fp32(fp32_to_fp8_e5m2(std::numeric_limits<float>::quiet_NaN()))));
 }
 
 TEST(Bf16, RoundsToNearestEven) {

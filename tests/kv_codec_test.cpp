@@ -41,7 +41,8 @@ std::vector<float> sample_rows(int n, int kv_dim, uint32_t seed) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const KvBlockShape small{16, 4, 8}, wide{16, 2, 64};
-  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8}) cases.push_back({{t}, small});
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::FP8_E5M2})
+    cases.push_back({{t}, small});
   for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
     cases.push_back({{t, KvGrouping::Token, 0, {}, {}}, small});     // one group per head
     cases.push_back({{t, KvGrouping::Token, 4, {}, {}}, small});     // finer groups
@@ -106,6 +107,7 @@ double bound(const KvCodecConfig& c, double lo, double hi, double amax, double r
     case KvDType::F16: return amax * 4.9e-4;
     case KvDType::BF16: return amax * 3.9e-3;
     case KvDType::FP8: return amax / 16 + 1.0 / 1024;  // half of a 3-bit mantissa's step; half a subnormal step
+    case KvDType::FP8_E5M2: return amax / 8 + 1.0 / 131072;  // the same for a 2-bit mantissa
     case KvDType::Q4_0: return amax / 8 * 1.01 + 1e-6;  // the side opposite the max clips by one step
     default: {
       const double levels = (1 << kv_dtype_bits(c.dtype)) - 1;
@@ -291,7 +293,8 @@ TEST(KvCodec, ScoreAndAccumulateMatchReference) {
 std::vector<Case> model_cases() {
   // Every layout at one shape, with the given channel groups.
   auto add_shape = [](std::vector<Case>& cases, const KvBlockShape& s, std::initializer_list<int> channel_groups) {
-    for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::Q4_0}) cases.push_back({{t}, s});
+    for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::FP8_E5M2, KvDType::Q4_0})
+      cases.push_back({{t}, s});
     for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
       for (int g : {0, 4, 16, 2 * s.head_dim}) {
         if (g > s.kv_dim()) continue;
@@ -773,20 +776,24 @@ TEST(KvCodec, DecodeHeadIsTheHeadsSliceOfEachToken) {
   }
 }
 
-// FP8's vector loads shift each code's bits into an FP16 (util/half.h): every
+// FP8's vector loads move each code's bits into an FP16 (util/half.h): every
 // finite code must read as its value in every kernel, and a head's slice
 // that holds a NaN code must give NaN where that token counts, not the
-// finite value its bits shift to.
-TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
+// finite value its bits shift to (E4M3; E5M2's NaNs are FP16's).
+class Fp8Kernels : public ::testing::TestWithParam<KvDType> {};
+
+TEST_P(Fp8Kernels, ReadEveryCodeAndKeepNaN) {
+  const KvDType type = GetParam();
   const KvBlockShape shape{16, 2, 64};
-  auto codec = make_kv_codec({KvDType::FP8}, shape);
+  auto codec = make_kv_codec({type}, shape);
   const int hd = shape.head_dim, bs = shape.block_size, kv_dim = shape.kv_dim();
+  auto code_value = [type](int c) { return type == KvDType::FP8 ? fp8_to_fp32(fp8_t(c)) : fp8_e5m2_to_fp32(fp8_e5m2_t(c)); };
   std::vector<float> x(size_t(bs) * size_t(kv_dim));
   int code = 0;
   for (int t = 0; t < bs; ++t)
     for (int d = 0; d < kv_dim; ++d, code = (code + 1) % 256) {
-      if ((code & 0x7F) == 0x7F) code = (code + 1) % 256;
-      x[size_t(t) * kv_dim + d] = fp8_to_fp32(fp8_t(code));  // every finite code, both heads
+      while (!std::isfinite(code_value(code))) code = (code + 1) % 256;
+      x[size_t(t) * kv_dim + d] = code_value(code);  // every finite code, both heads
     }
   const int nan_token = 5;
   const int nan_channel = 17;
@@ -843,6 +850,9 @@ TEST(KvCodec, Fp8KernelsReadEveryCodeAndKeepNaN) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(KvCodec, Fp8Kernels, ::testing::Values(KvDType::FP8, KvDType::FP8_E5M2),
+                         [](const auto& info) { return std::string(kv_dtype_name(info.param)); });
 
 TEST(KvCodec, BlockBytesAreExact) {
   const KvBlockShape s{16, 8, 64};  // the 400M model: kv_dim 512

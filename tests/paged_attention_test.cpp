@@ -33,6 +33,7 @@ TEST(PagedAttention, MatchesReferenceOverShuffledBlocks) {
       {{KvDType::INT4, KvGrouping::Channel, 0, {}, {}}, {KvDType::INT2}},
       {{KvDType::Q4_0}, {KvDType::BF16}},
       {{KvDType::FP8}, {KvDType::FP8}},
+      {{KvDType::FP8_E5M2}, {KvDType::FP8_E5M2}},
   };
   // Keys stored before RoPE: channel codecs rotate each key by its offset in
   // the block (score_offsets), the rest rotate the query per key.

@@ -56,6 +56,7 @@ void expect_tiles_equal_own_passes(const ModelConfig& c, bool floats_only = fals
       {{KvDType::F16}, {KvDType::F16}},
       {{KvDType::BF16}, {KvDType::Q4_0}},
       {{KvDType::FP8}, {KvDType::FP8}},
+      {{KvDType::FP8_E5M2}, {KvDType::F16}},
       {chan(KvDType::INT8, 16), tok(KvDType::INT8, 16)},  // 16-bit scales
       {chan(KvDType::INT4, 8), tok(KvDType::INT4, 8)},  // int4-small's codecs: the byte kernels
       {chan(KvDType::INT2, 8), tok(KvDType::INT2, 8)},

@@ -92,7 +92,7 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   const auto named = named_as("a KV type");
   cmd.add_option("--kv-preset", o.kv_preset, "KV configuration preset: fp32 | fp16 | int8 | int4 | int4-small | int2 | int2-small")
       ->check(named_as("a KV preset (fp32, fp16, int8, int4, int4-small, int2 or int2-small)"));
-  cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | fp8 (E4M3) | int8 | int4 | int2 | q4_0 (default fp32)")
+  cmd.add_option("--kv-dtype", o.kv_dtype, "KV storage for K and V: fp32 | fp16 | bf16 | fp8 (E4M3) | fp8_e5m2 | int8 | int4 | int2 | q4_0 (default fp32)")
       ->check(named);
   cmd.add_option("--kv-k", o.kv_k, "key storage type (overrides --kv-dtype)")->check(named);
   cmd.add_option("--kv-v", o.kv_v, "value storage type (overrides --kv-dtype)")->check(named);

@@ -90,6 +90,27 @@ struct FP8Traits {
 #endif
 };
 
+// FP8 E5M2 (util/half.h): each byte is an FP16's top byte, so the vector
+// loads widen it into one and convert, exact for every code, infinities and
+// NaNs included.
+struct FP8E5M2Traits {
+  using T = fp8_e5m2_t;
+  static constexpr float kUnit = 1.0f;
+  static constexpr bool kNaNCodes = false;
+  static T from(float x) { return fp32_to_fp8_e5m2(x); }
+  static float to(T x) { return fp8_e5m2_to_fp32(x); }
+#if defined(__AVX512F__)
+  static __m512 load16(const T* p) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  static __m256 load8(const T* p) {
+    return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+#endif
+};
+
 // Whether n FP8 codes hold a NaN (0x7F or 0xFF): 64 codes per compare.
 bool holds_fp8_nan(const fp8_t* p, size_t n) {
   size_t i = 0;
@@ -467,6 +488,7 @@ std::unique_ptr<KvCodec> make_float_codec(const KvCodecConfig& config, const KvB
     case KvDType::F16: return std::make_unique<FloatCodec<F16Traits>>(config, shape);
     case KvDType::BF16: return std::make_unique<FloatCodec<BF16Traits>>(config, shape);
     case KvDType::FP8: return std::make_unique<FloatCodec<FP8Traits>>(config, shape);
+    case KvDType::FP8_E5M2: return std::make_unique<FloatCodec<FP8E5M2Traits>>(config, shape);
     default: return std::make_unique<FloatCodec<F32Traits>>(config, shape);
   }
 }

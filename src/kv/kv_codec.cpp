@@ -23,18 +23,19 @@ std::string_view kv_dtype_name(KvDType t) {
     case KvDType::INT2: return "int2";
     case KvDType::Q4_0: return "q4_0";
     case KvDType::FP8: return "fp8";
+    case KvDType::FP8_E5M2: return "fp8_e5m2";
   }
   return "?";
 }
 
 KvDType parse_kv_dtype(std::string_view name) {
-  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::INT8, KvDType::INT4,
-                    KvDType::INT2, KvDType::Q4_0})
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::BF16, KvDType::FP8, KvDType::FP8_E5M2, KvDType::INT8,
+                    KvDType::INT4, KvDType::INT2, KvDType::Q4_0})
     if (name == kv_dtype_name(t)) return t;
   if (name == "f32") return KvDType::F32;
   if (name == "f16") return KvDType::F16;
   if (name == "fp8_e4m3") return KvDType::FP8;  // vLLM's name
-  fail("unknown KV dtype '{}' (expected fp32, fp16, bf16, fp8, int8, int4, int2 or q4_0)", name);
+  fail("unknown KV dtype '{}' (expected fp32, fp16, bf16, fp8, fp8_e5m2, int8, int4, int2 or q4_0)", name);
 }
 
 std::string_view kv_grouping_name(KvGrouping g) { return g == KvGrouping::Token ? "token" : "channel"; }
@@ -49,7 +50,7 @@ int kv_dtype_bits(KvDType t) {
   switch (t) {
     case KvDType::F32: return 32;
     case KvDType::F16: case KvDType::BF16: return 16;
-    case KvDType::INT8: case KvDType::FP8: return 8;
+    case KvDType::INT8: case KvDType::FP8: case KvDType::FP8_E5M2: return 8;
     case KvDType::INT4: case KvDType::Q4_0: return 4;
     case KvDType::INT2: return 2;
   }

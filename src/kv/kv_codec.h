@@ -54,16 +54,18 @@ namespace kvserve {
 
 class RopeTable;
 
-// FP8 is E4M3 (util/half.h); new types go at the end: the values are stored.
-enum class KvDType : uint8_t { F32, F16, BF16, INT8, INT4, INT2, Q4_0, FP8 };
+// FP8 is E4M3, FP8_E5M2 the other OCP 8-bit float (util/half.h); new types
+// go at the end: the values are stored.
+enum class KvDType : uint8_t { F32, F16, BF16, INT8, INT4, INT2, Q4_0, FP8, FP8_E5M2 };
 enum class KvGrouping : uint8_t { Token, Channel };
 
 std::string_view kv_dtype_name(KvDType t);
-// Parses fp32, fp16, bf16, fp8, int8, int4, int2, q4_0; throws kvserve::Error otherwise.
+// Parses fp32, fp16, bf16, fp8 (E4M3; also fp8_e4m3), fp8_e5m2, int8, int4, int2, q4_0;
+// throws kvserve::Error otherwise.
 KvDType parse_kv_dtype(std::string_view name);
 std::string_view kv_grouping_name(KvGrouping g);
 KvGrouping parse_kv_grouping(std::string_view name);
-// Bits per stored code: 32, 16, 16, 8, 4, 2, 4, 8.
+// Bits per stored code: 32, 16, 16, 8, 4, 2, 4, 8, 8.
 int kv_dtype_bits(KvDType t);
 // Whether the type stores integer codes (and so may need a residual window).
 bool kv_dtype_is_quantized(KvDType t);

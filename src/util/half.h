@@ -1,4 +1,4 @@
-// FP16, BF16 and FP8 (E4M3) scalar conversions. FP16 uses the F16C
+// FP16, BF16 and FP8 (E4M3 and E5M2) scalar conversions. FP16 uses the F16C
 // instructions the target machines have; BF16 and FP8 round to nearest even.
 #pragma once
 
@@ -63,5 +63,32 @@ inline float fp8_to_fp32(fp8_t b) {
   if ((b & 0x7F) == 0x7F) return std::nanf("");
   return fp16_to_fp32(fp8_as_scaled_fp16(b)) * 256.0f;
 }
+
+// FP8 E5M2 as in the OCP spec (vLLM's fp8_e5m2 KV cache): the top byte of an
+// FP16 — sign, 5 exponent bits (bias 15), 2 mantissa bits — with FP16's
+// infinities and NaNs; the largest finite value is 57344 and the smallest
+// subnormal 2^-16. Twice E4M3's step for 2^17 times its range.
+using fp8_e5m2_t = uint8_t;
+
+// Rounds to nearest even (from the FP32 value: rounding through FP16 first
+// would round twice); finite magnitudes above 57344 and infinities saturate
+// to +-57344, as vLLM's saturating conversion does. NaN stays NaN.
+inline fp8_e5m2_t fp32_to_fp8_e5m2(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return fp8_e5m2_t(sign | 0x7E);
+  if (a >= 57344.0f) return fp8_e5m2_t(sign | 0x7B);
+  if (a < 0.00006103515625f)  // 2^-14: subnormal steps of 2^-16 (4: the smallest normal)
+    return fp8_e5m2_t(sign | uint8_t(std::nearbyint(a * 65536.0f)));
+  int e;
+  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): exponent e - 1, mantissa 2m - 1
+  int q = int(std::nearbyint((2.0f * m - 1.0f) * 4.0f));  // exact products: powers of two
+  int biased = e - 1 + 15;
+  if (q == 4) q = 0, ++biased;  // rounded up to the next binade (never past 57344: checked above)
+  return fp8_e5m2_t(sign | uint8_t(biased << 2) | uint8_t(q));
+}
+
+// Exact: the byte is an FP16's top byte.
+inline float fp8_e5m2_to_fp32(fp8_e5m2_t b) { return fp16_to_fp32(fp16_t(uint16_t(b) << 8)); }
 
 }  // namespace kvserve

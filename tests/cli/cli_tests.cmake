@@ -224,6 +224,8 @@ kvserve_kv_dtype_test(cli.layer_set_back_by_overlapping_entries_keeps_spans
 kvserve_kv_dtype_test(cli.float_layer_keeps_explicit_pre_rope
   "0:K fp16+prerope V fp16, 1:K int4/token/g8+prerope V int4/token/g8, 2:K int4/token/g8+prerope V int4/token/g8, 3:K int4/token/g8+prerope V int4/token/g8, 4:K int4/token/g8+prerope V int4/token/g8"
   --kv-dtype int4 --kv-layers 0:fp16 --kv-k-pre-rope)
+# vLLM's two FP8 KV names.
+kvserve_kv_dtype_test(cli.kv_dtype_vllm_fp8_names "K fp8_e5m2 V fp8" --kv-k fp8_e5m2 --kv-v fp8_e4m3)
 kvserve_error_test(cli.bench_error_compare_block_size_alone "--compare-block-size needs --compare-preset"
   bench --model ${MODELS}/stories260K.gguf --compare-block-size 16 --prompt-tokens 8 --gen-tokens 2 --bandwidth-mib 16)
 kvserve_error_test(cli.bench_error_compare_preset_unknown "unknown --compare-preset 'nope'"
