@@ -311,7 +311,9 @@ SubmitBatchResult Engine::submit_all(std::vector<Request> requests) {
   if (stopping_) return SubmitBatchResult{SubmitResult::Status::QueueFull, {}, "the server is shutting down"};
   if (int64_t(inbox_.requests.size()) + waiting_.load() + int64_t(requests.size()) > options_.max_waiting) {
     std::lock_guard<std::mutex> s(stats_mutex_);
-    ++stats_.requests_rejected;
+    // Sequences, as submitted and finished count them: a refused request
+    // with n choices is n (finished = submitted holds against what clients sent).
+    stats_.requests_rejected += int64_t(requests.size());
     return SubmitBatchResult{SubmitResult::Status::QueueFull, {}, "too many requests are waiting"};
   }
   SubmitBatchResult out;

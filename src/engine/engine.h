@@ -105,6 +105,7 @@ struct SubmitBatchResult {
 
 // A consistent snapshot of the engine's counters (totals since start).
 struct EngineStats {
+  // Requests are sequences here: one per prompt and choice (n = 3 is 3).
   int64_t requests_submitted = 0;
   int64_t requests_rejected = 0;        // queue full
   int64_t cancels_requested = 0;        // cancel() calls (a request may be cancelled more than once)

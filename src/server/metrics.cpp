@@ -83,8 +83,8 @@ std::string render_metrics(const EngineStats& e, const ServerMetrics& s) {
   w.sample("kvserve_info", 1, {{"model", s.model}, {"kv_codec", s.kv_codec}});
   w.gauge("kvserve_uptime_seconds", "Seconds since the server started.", s.uptime_seconds);
 
-  w.counter("kvserve_requests_submitted_total", "Requests the engine accepted.", double(e.requests_submitted));
-  w.counter("kvserve_requests_rejected_total", "Requests refused because the waiting queue was full (HTTP 429).",
+  w.counter("kvserve_requests_submitted_total", "Requests (sequences, one per prompt and choice) the engine accepted.", double(e.requests_submitted));
+  w.counter("kvserve_requests_rejected_total", "Requests (sequences, one per prompt and choice) refused because the waiting queue was full (HTTP 429).",
             double(e.requests_rejected));
   w.family("kvserve_requests_finished_total", "counter", "Requests finished, by reason.");
   w.sample("kvserve_requests_finished_total", double(e.finished_stop), {{"reason", "stop"}});
