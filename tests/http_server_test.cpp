@@ -1020,6 +1020,36 @@ TEST_F(HttpServerTest, RequestLimitsFollowTheRequestsKvPolicy) {
   EXPECT_NE(near.raw.find("past the context length of 512"), std::string::npos) << near.raw;
 }
 
+// A request that names no policy and is refused by the server's default one
+// was told to fix 'kv.policy', a field it never sent, and to lower a budget
+// it did not know it could set.
+TEST_F(HttpServerTest, ARefusalByTheServersDefaultPolicySaysWhatTheClientCanChange) {
+  EngineOptions eo;
+  eo.kv.block_size = 16;
+  eo.kv.num_blocks = 40;
+  eo.scheduler.max_batch_prefill_tokens = 32;
+  eo.kv.k.pre_rope = true;
+  eo.sparsity.policy = "sinks";
+  eo.sparsity.budget = 510;
+  start(eo);
+  auto ask = [&](const json& kv) {
+    json b = completion("Once upon a time", 600);
+    b["ignore_eos"] = true;
+    if (!kv.is_null()) b["kv"] = kv;
+    return post("/v1/completions", b);
+  };
+  const Reply refused = ask(nullptr);
+  EXPECT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["code"], "unsupported_kv_config") << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "prompt") << refused.raw;
+  const std::string message = refused.body["error"]["message"].get<std::string>();
+  EXPECT_NE(message.find("the server's default KV policy 'sinks'"), std::string::npos) << message;
+  EXPECT_NE(message.find(R"("budget": N)"), std::string::npos) << message;
+  const Reply lowered = ask({{"policy", "sinks"}, {"budget", 64}});  // what the message suggests
+  ASSERT_EQ(lowered.status, 200) << lowered.raw;
+  EXPECT_EQ(lowered.body["usage"]["completion_tokens"], 600);
+}
+
 // A request naming the server's own policy ran it with that policy's
 // defaults, dropping the sinks, window and scope the server was started with.
 TEST_F(HttpServerTest, ARequestNamingTheServersPolicyKeepsItsTuning) {

@@ -504,7 +504,13 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
   try {
     fp = engine_.footprint(r->sparsity, n, n + std::max<int64_t>(max_tokens, cr.prompt_only ? 0 : 1));
   } catch (const Error& e) {
-    return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
+    if (!cr.kv.policy.empty()) return invalid_request(e.what(), "kv.policy", "unsupported_kv_config");
+    // The server's default policy refused a request that named none: say
+    // so, and what the client itself can change.
+    return invalid_request(fmt::format("{} (the server's default KV policy '{}'; a request may lower the budget with "
+                                       "'kv': {{\"policy\": \"{}\", \"budget\": N}}, or send a shorter prompt)",
+                                       e.what(), engine_.options().sparsity.policy, engine_.options().sparsity.policy),
+                           param, "unsupported_kv_config");
   }
   if (max_tokens < (cr.prompt_only ? 0 : 1) || (n + max_tokens > context_length_ && !fp.unbounded_positions))
     return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
