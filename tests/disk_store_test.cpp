@@ -1,12 +1,16 @@
 // The disk tier: exact bytes back, LRU eviction order under the byte budget
 // (files gone with their blocks), a restarted store finds its blocks in the
 // same LRU order, one process per directory, and write failures (a file-size
-// limit) cost only the block.
+// limit) or something not a regular file under a block's name cost only the
+// block.
 #include "store/disk_store.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -197,6 +201,75 @@ TEST_F(DiskStoreTest, ADirectoryRemovedBehindItsBackIsMadeAgain) {
   const auto got = s.get(keys_of({2}));
   ASSERT_TRUE(got[0]);
   EXPECT_EQ(*got[0], block_of(100, 2));
+}
+
+// A FIFO under a block's name: read as a FIFO it returned 0 bytes as a hit
+// (and with no writer, open(2) blocked the engine thread forever). The test
+// holds the FIFO open for writing so the unfixed store fails instead of hanging.
+TEST_F(DiskStoreTest, AFifoUnderABlocksNameIsAnErrorAndRemoved) {
+  DiskStore s(options(1 << 20));
+  put_blocks(s, {0, 1}, 100);
+  const std::string path = s.path_of(key_of(0));
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  const int writer = ::open(path.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(writer, 0);
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  ::close(writer);
+  EXPECT_EQ(s.stats().errors, 1u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(path)));
+  EXPECT_EQ(s.contains(keys_of({0, 1})), (std::vector<bool>{false, true}));
+}
+
+// A directory under a block's name fails once, is removed, and the block can
+// be written again (before, every read and write of it failed until cleaned
+// by hand).
+TEST_F(DiskStoreTest, ADirectoryUnderABlocksNameIsAnErrorOnceAndRemoved) {
+  DiskStore s(options(1 << 20));
+  put_blocks(s, {0}, 100);
+  const std::string path = s.path_of(key_of(0));
+  fs::remove(path);
+  fs::create_directories(path + "/inside");
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  EXPECT_EQ(s.stats().errors, 1u);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(put_blocks(s, {0}, 100), 1u);
+  EXPECT_EQ(s.get(keys_of({0}))[0], block_of(100, 0));
+}
+
+// The start-up scan skips a directory under a block's name; writing the
+// block replaces it.
+TEST_F(DiskStoreTest, AWriteReplacesADirectoryUnderTheBlocksName) {
+  std::string path;
+  {
+    DiskStore s(options(1 << 20));
+    path = s.path_of(key_of(0));
+  }
+  fs::create_directories(path + "/inside");
+  DiskStore s(options(1 << 20));
+  EXPECT_EQ(put_blocks(s, {0}, 100), 1u);
+  EXPECT_EQ(s.get(keys_of({0}))[0], block_of(100, 0));
+  EXPECT_EQ(s.stats().errors, 0u);
+}
+
+// tenant.secret as a FIFO is refused with its name (a plain open waited for
+// a writer forever). The test writes into the FIFO so the unfixed store reads
+// those bytes as the secret instead of hanging.
+TEST_F(DiskStoreTest, ASecretThatIsNoRegularFileIsRefused) {
+  DiskStore s(options(1 << 20));
+  const std::string path = dir_ + "/tier/tenant.secret";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const int writer = ::open(path.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(writer, 0);
+  ASSERT_EQ(::write(writer, "0123456789abcdef0123", 20), 20);
+  try {
+    (void)s.kept_secret();
+    ADD_FAILURE() << "a FIFO was read as the secret";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tenant.secret is not a regular file"), std::string::npos) << e.what();
+  }
+  ::close(writer);
 }
 
 TEST_F(DiskStoreTest, RemoveDeletesFiles) {

@@ -62,6 +62,23 @@ bool read_all(int fd, uint8_t* p, size_t n) {
   return true;
 }
 
+constexpr int kNotRegular = -2;
+
+// Opens `path` for reading if it is a regular file: -1 with errno set when it
+// cannot be opened, kNotRegular when it is something else. O_NONBLOCK because
+// a plain open of a FIFO waits for a writer forever (on the engine thread);
+// on a regular file the flag changes nothing.
+int open_regular(const char* path) {
+  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return kNotRegular;
+  }
+  return fd;
+}
+
 }  // namespace
 
 DiskStore::DiskStore(const DiskStoreOptions& options) : KvStore("disk:" + options.dir), options_(options) {
@@ -92,7 +109,8 @@ DiskStore::~DiskStore() { ::close(lock_fd_); }
 std::optional<std::string> DiskStore::kept_secret() {
   const fs::path path = fs::path(options_.dir) / "tenant.secret";
   auto read = [&]() -> std::optional<std::string> {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = open_regular(path.c_str());
+    if (fd == kNotRegular) fail("{} is not a regular file; remove it to have a new secret made", path.string());
     if (fd < 0) return std::nullopt;
     char buf[64];
     const ssize_t n = ::read(fd, buf, sizeof buf);
@@ -215,6 +233,13 @@ bool DiskStore::put_one(const BlockKey& key, ByteView value) {
       (void)::mkdir(fs::path(path).parent_path().c_str(), 0755);
       renamed = ::rename(tmp.c_str(), path.c_str()) == 0;
     }
+    if (!renamed && (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)) {
+      // A directory under the block's name (the start-up scan skips it): the
+      // store owns every block name, so clear it rather than fail every write.
+      std::error_code ec;
+      fs::remove_all(path, ec);
+      renamed = ::rename(tmp.c_str(), path.c_str()) == 0;
+    }
     if (!renamed) {
       // Keep the directory in step with the index: the key is absent from both.
       ::unlink(tmp.c_str());
@@ -244,7 +269,22 @@ std::vector<bool> DiskStore::do_put(std::span<const BlockKey> keys, std::span<co
 
 std::optional<Bytes> DiskStore::read_one(const BlockKey& key) {
   const std::string path = path_of(key);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_regular(path.c_str());
+  if (fd == kNotRegular) {
+    // A FIFO, directory or device under a block's name holds no block, and
+    // would fail every read after this one: forget it and clear the name.
+    // The check under mu_ spares a block a concurrent put has just renamed
+    // into place.
+    counters().add(counters().errors, 1);
+    std::lock_guard lock(mu_);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      index_.erase(key);
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+    return std::nullopt;
+  }
   if (fd < 0) {
     if (errno != ENOENT) {
       counters().add(counters().errors, 1);

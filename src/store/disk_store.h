@@ -30,7 +30,9 @@
 //
 // Failures (disk full, EFBIG under a file-size limit, EIO, a read-only
 // directory) cost the block: it is not stored, or read as a miss, and counted
-// in stats().errors; the tier keeps serving. A process that sets
+// in stats().errors; the tier keeps serving. Something other than a regular
+// file under a block's name (a FIFO, a directory) is such a failure: it is
+// never opened in a way that could block, and it is removed. A process that sets
 // RLIMIT_FSIZE must ignore SIGXFSZ to see EFBIG instead of dying.
 //
 // Thread safety: all methods. mu_ guards the index, and every rename and
