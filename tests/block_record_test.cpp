@@ -115,11 +115,34 @@ TEST(BlockRecord, EachMismatchIsRefusedWithItsReason) {
   EXPECT_EQ(decode_record(bad, expect_for(key)).status, RecordStatus::BadHeaderSize);
   bad = r;
   bad.push_back(0);
-  EXPECT_EQ(decode_record(bad, expect_for(key)).status, RecordStatus::LengthMismatch);
+  EXPECT_EQ(decode_record(bad, expect_for(key)).status, RecordStatus::TrailingBytes);
   bad = r;
   bad.back() ^= 0x10;
   EXPECT_EQ(decode_record(bad, expect_for(key)).status, RecordStatus::ChecksumMismatch);
   EXPECT_EQ(record_status_name(RecordStatus::ChecksumMismatch), "checksum mismatch");
+}
+
+// Damage is never taken for another fleet's record: trailing bytes, or a
+// flipped bit in the model or codec field, are damage (deleted), while a sound
+// record of another model, codec or size is foreign (left to age out).
+TEST(BlockRecord, DamageIsToldApartFromAForeignRecord) {
+  const BlockKey key = key_of(7);
+  const Bytes r = encode_record(kIdentity, key, payload_of(64, 2));
+  Bytes bad = r;
+  bad.insert(bad.end(), {'g', 'a', 'r', 'b', 'a', 'g', 'e'});
+  EXPECT_EQ(decode_record(bad, expect_for(key, 64)).status, RecordStatus::TrailingBytes);
+  for (const size_t field : {size_t(8), size_t(16)}) {  // codec hash, model id
+    bad = r;
+    bad[field] ^= 1;
+    EXPECT_EQ(decode_record(bad, expect_for(key, 64)).status, RecordStatus::ChecksumMismatch) << field;
+  }
+  RecordExpectation other = expect_for(key, 64);
+  other.identity.model_id ^= 1;
+  EXPECT_TRUE(record_is_foreign(decode_record(r, other).status));
+  EXPECT_TRUE(record_is_foreign(decode_record(r, expect_for(key, 65)).status));
+  for (const RecordStatus damage : {RecordStatus::TrailingBytes, RecordStatus::ChecksumMismatch,
+                                    RecordStatus::Truncated, RecordStatus::KeyMismatch})
+    EXPECT_FALSE(record_is_foreign(damage)) << record_status_name(damage);
 }
 
 TEST(BlockRecord, EveryTruncationIsRefused) {

@@ -165,6 +165,20 @@ TEST_F(TieredKvStoreTest, ACorruptFileIsRefusedCountedRemovedAndRecomputed) {
   EXPECT_EQ(s.lookup(chain(0, 4)).size(), 4u);
 }
 
+// Garbage appended to a record is damage, not another fleet's record: it is
+// deleted like any damaged record (it was left in place, refused at every read).
+TEST_F(TieredKvStoreTest, ARecordWithTrailingGarbageIsRemoved) {
+  TieredKvStore s(tiers(disk()), options(1000));
+  put_chain(s, 0, 2, 1000);
+  s.flush();
+  const std::string path = static_cast<DiskStore&>(s.tier(0)).path_of(key_of(1));
+  std::ofstream(path, std::ios::binary | std::ios::app) << "garbage";
+  EXPECT_EQ(served_by(s.lookup(chain(0, 2)), 0, 1000), (std::vector<int>{0}));
+  s.flush();
+  EXPECT_EQ(s.tier(0).stats().corrupt, 1u);
+  EXPECT_FALSE(fs::exists(path));
+}
+
 TEST_F(TieredKvStoreTest, ACorruptCopyFallsThroughToTheNextTier) {
   TieredKvStore s(tiers(host(1 << 20), disk()), options(1000));
   put_chain(s, 0, 3, 1000);

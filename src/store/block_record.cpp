@@ -46,8 +46,14 @@ std::string_view record_status_name(RecordStatus status) {
     case RecordStatus::KeyMismatch: return "key mismatch";
     case RecordStatus::LengthMismatch: return "length mismatch";
     case RecordStatus::ChecksumMismatch: return "checksum mismatch";
+    case RecordStatus::TrailingBytes: return "trailing bytes";
   }
   return "unknown";
+}
+
+bool record_is_foreign(RecordStatus status) {
+  return status == RecordStatus::ModelMismatch || status == RecordStatus::CodecMismatch ||
+         status == RecordStatus::LengthMismatch;
 }
 
 void write_record_header(const RecordIdentity& identity, const BlockKey& key, std::span<uint8_t> record) {
@@ -76,17 +82,20 @@ DecodedRecord decode_record(ByteView record, const RecordExpectation& expect) {
   if (load<uint32_t>(h + kMagicAt) != kRecordMagic) return {RecordStatus::BadMagic, {}};
   if (load<uint16_t>(h + kVersionAt) != kRecordVersion) return {RecordStatus::UnsupportedVersion, {}};
   if (load<uint16_t>(h + kHeaderSizeAt) != kRecordHeaderBytes) return {RecordStatus::BadHeaderSize, {}};
+  // The record's own consistency first, then what the reader expects: a
+  // sound record of another model, codec or block size (another fleet's) is
+  // told apart from a damaged one, whatever field the damage hit.
+  // Compared as remaining bytes so a hostile size cannot overflow the sum.
+  const uint64_t payload_bytes = load<uint64_t>(h + kPayloadSizeAt);
+  const uint64_t available = record.size() - kRecordHeaderBytes;
+  if (payload_bytes > available) return {RecordStatus::Truncated, {}};
+  if (payload_bytes < available) return {RecordStatus::TrailingBytes, {}};
+  const ByteView payload = record.subspan(kRecordHeaderBytes);
+  if (load<uint64_t>(h + kChecksumAt) != checksum(h, payload)) return {RecordStatus::ChecksumMismatch, {}};
   if (load<uint64_t>(h + kModelAt) != expect.identity.model_id) return {RecordStatus::ModelMismatch, {}};
   if (load<uint64_t>(h + kCodecAt) != expect.identity.codec_hash) return {RecordStatus::CodecMismatch, {}};
   if (std::memcmp(h + kKeyAt, expect.key.bytes.data(), BlockKey::kBytes) != 0) return {RecordStatus::KeyMismatch, {}};
-  const uint64_t payload_bytes = load<uint64_t>(h + kPayloadSizeAt);
   if (expect.payload_bytes != 0 && payload_bytes != expect.payload_bytes) return {RecordStatus::LengthMismatch, {}};
-  // Compared as remaining bytes so a hostile size cannot overflow the sum.
-  const uint64_t available = record.size() - kRecordHeaderBytes;
-  if (payload_bytes > available) return {RecordStatus::Truncated, {}};
-  if (payload_bytes < available) return {RecordStatus::LengthMismatch, {}};
-  const ByteView payload = record.subspan(kRecordHeaderBytes);
-  if (load<uint64_t>(h + kChecksumAt) != checksum(h, payload)) return {RecordStatus::ChecksumMismatch, {}};
   return {RecordStatus::Ok, payload};
 }
 

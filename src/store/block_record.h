@@ -16,6 +16,9 @@
 // A reader states what it expects (model, codec, key, payload size); a record
 // that differs in any field, is truncated, has trailing bytes or fails its
 // checksum is refused with the reason, and the block is recomputed instead.
+// The record's own consistency (length, checksum) is checked before the
+// reader's expectations, so a model, codec or length mismatch means a sound
+// record written by someone else (record_is_foreign), never damage.
 // Every offset and length is checked against the buffer before it is read.
 #pragma once
 
@@ -53,11 +56,15 @@ enum class RecordStatus : uint8_t {
   ModelMismatch,
   CodecMismatch,
   KeyMismatch,
-  LengthMismatch,      // payload size differs from the expectation, or bytes follow the payload
+  LengthMismatch,      // a sound record whose payload size differs from the expectation
   ChecksumMismatch,
+  TrailingBytes,       // bytes follow the payload the header declares
 };
 
 std::string_view record_status_name(RecordStatus status);
+// Whether a refused record is sound but another model's, codec's or block
+// size's (in a shared tier, maybe another fleet's) rather than damaged.
+bool record_is_foreign(RecordStatus status);
 
 // header + payload; payload.size() + kRecordHeaderBytes bytes.
 [[nodiscard]] Bytes encode_record(const RecordIdentity& identity, const BlockKey& key, ByteView payload);

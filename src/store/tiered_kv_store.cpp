@@ -135,9 +135,7 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
         // Damaged bytes are deleted. A sound record of another model, codec
         // or block size is only refused: in a shared Redis it may be another
         // fleet's, and it ages out by TTL or LRU like any block.
-        const bool foreign = d.status == RecordStatus::ModelMismatch || d.status == RecordStatus::CodecMismatch ||
-                             d.status == RecordStatus::LengthMismatch;
-        if (!foreign) drop.push_back(Job{true, rest[i], chain, nullptr, nullptr, t, t + 1});
+        if (!record_is_foreign(d.status)) drop.push_back(Job{true, rest[i], chain, nullptr, nullptr, t, t + 1});
         break;
       }
       auto record = std::make_shared<const Bytes>(std::move(*got[i]));
