@@ -179,6 +179,21 @@ TEST_F(TieredKvStoreTest, ARecordWithTrailingGarbageIsRemoved) {
   EXPECT_FALSE(fs::exists(path));
 }
 
+// A refused record served nothing: the tier counts it as corrupt and as a
+// miss, and its bytes as not read (it was counted as a hit first).
+TEST_F(TieredKvStoreTest, ARefusedRecordIsAMissNotAHit) {
+  TieredKvStore s(tiers(disk()), options(1000));
+  put_chain(s, 0, 3, 1000);
+  s.flush();
+  std::ofstream(static_cast<DiskStore&>(s.tier(0)).path_of(key_of(1)), std::ios::binary | std::ios::trunc) << "junk";
+  EXPECT_EQ(s.lookup(chain(0, 3)).size(), 1u);
+  const TierStats st = s.tier(0).stats();
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.corrupt, 1u);
+  EXPECT_EQ(st.bytes_read, kRecord);
+}
+
 TEST_F(TieredKvStoreTest, ACorruptCopyFallsThroughToTheNextTier) {
   TieredKvStore s(tiers(host(1 << 20), disk()), options(1000));
   put_chain(s, 0, 3, 1000);

@@ -25,19 +25,26 @@ size_t KvStore::put(std::span<const BlockKey> keys, std::span<const ByteView> va
 }
 
 std::vector<std::optional<Bytes>> KvStore::timed_get(std::span<const BlockKey> keys, const ChainTag& chain,
-                                                     bool leading) {
+                                                     bool leading, const ValueCheck& check) {
   if (keys.empty()) return {};
   Timer timer;
   std::vector<std::optional<Bytes>> out = do_get(keys, chain, leading);
   counters_.get_latency.record(timer.seconds());
   assert(out.size() == keys.size());
-  uint64_t hits = 0, misses = 0, bytes = 0;
+  uint64_t hits = 0, misses = 0, bytes = 0, refused = 0;
   bool missed = false;
-  for (auto& value : out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::optional<Bytes>& value = out[i];
     // In a leading lookup nothing after the first miss counts, found or not.
     if (leading && missed) {
       value.reset();
       continue;
+    }
+    // Checked before counting: a refused value served nothing, so it is a
+    // miss, not a hit whose bytes were read.
+    if (value && check && !check(i, *value)) {
+      value.reset();
+      ++refused;
     }
     if (value) {
       ++hits;
@@ -50,15 +57,17 @@ std::vector<std::optional<Bytes>> KvStore::timed_get(std::span<const BlockKey> k
   counters_.add(counters_.hits, hits);
   counters_.add(counters_.misses, misses);
   counters_.add(counters_.bytes_read, bytes);
+  counters_.add(counters_.corrupt, refused);
   return out;
 }
 
 std::vector<std::optional<Bytes>> KvStore::get(std::span<const BlockKey> keys, const ChainTag& chain) {
-  return timed_get(keys, chain, false);
+  return timed_get(keys, chain, false, nullptr);
 }
 
-std::vector<std::optional<Bytes>> KvStore::get_leading(std::span<const BlockKey> keys, const ChainTag& chain) {
-  return timed_get(keys, chain, true);
+std::vector<std::optional<Bytes>> KvStore::get_leading(std::span<const BlockKey> keys, const ChainTag& chain,
+                                                       const ValueCheck& check) {
+  return timed_get(keys, chain, true, check);
 }
 
 std::vector<bool> KvStore::contains(std::span<const BlockKey> keys, const ChainTag& chain) {

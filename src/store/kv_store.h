@@ -15,6 +15,7 @@
 // engine reads while the TieredKvStore's writer thread writes).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,20 +44,22 @@ class KvStore {
   // block's recency.
   [[nodiscard]] std::vector<std::optional<Bytes>> get(std::span<const BlockKey> keys,
                                                       const ChainTag& chain = std::nullopt);
+  // Judges a value found for keys[i] before it is counted: false refuses it,
+  // and it is counted in stats().corrupt and as a miss (not a hit, its bytes
+  // not as read) and returned as nullopt.
+  using ValueCheck = std::function<bool(size_t i, const Bytes& value)>;
   // As get, but only the leading run of hits matters: entries from the first
-  // miss on are nullopt. Local tiers stop reading there; a remote tier still
-  // answers the whole batch in its one round trip and drops the rest.
+  // miss (or refused value) on are nullopt. Local tiers stop reading there; a
+  // remote tier still answers the whole batch in its one round trip and drops
+  // the rest. `check` (if any) is called for the values of the run, in order.
   [[nodiscard]] std::vector<std::optional<Bytes>> get_leading(std::span<const BlockKey> keys,
-                                                              const ChainTag& chain = std::nullopt);
+                                                              const ChainTag& chain = std::nullopt,
+                                                              const ValueCheck& check = nullptr);
   // Whether each key is present (a bitmap over keys), without reading values
   // or refreshing recency. Unreachable = absent.
   [[nodiscard]] std::vector<bool> contains(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
   // Removes the keys that are present.
   void remove(std::span<const BlockKey> keys, const ChainTag& chain = std::nullopt);
-
-  // Called by the record layer when a block this tier returned failed its
-  // check; the caller also removes it.
-  void count_corrupt(uint64_t n) { counters_.add(counters_.corrupt, n); }
 
   TierStats stats() const;
 
@@ -85,7 +88,8 @@ class KvStore {
   TierCounters& counters() { return counters_; }
 
  private:
-  std::vector<std::optional<Bytes>> timed_get(std::span<const BlockKey> keys, const ChainTag& chain, bool leading);
+  std::vector<std::optional<Bytes>> timed_get(std::span<const BlockKey> keys, const ChainTag& chain, bool leading,
+                                              const ValueCheck& check);
 
   std::string name_;
   TierCounters counters_;

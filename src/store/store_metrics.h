@@ -41,7 +41,7 @@ class LatencyHistogram {
 struct TierStats {
   std::string name;             // e.g. "host", "disk:/var/cache/kv", "redis://10.0.0.5:6379"
   uint64_t hits = 0;            // keys looked up and found
-  uint64_t misses = 0;          // keys looked up and not found (including failed lookups)
+  uint64_t misses = 0;          // keys looked up and not found (including failed lookups and refused records)
   uint64_t bytes_read = 0;      // bytes returned by hits
   uint64_t puts = 0;            // blocks stored
   uint64_t bytes_written = 0;   // bytes of the blocks stored
@@ -50,7 +50,7 @@ struct TierStats {
   uint64_t evictions = 0;       // blocks evicted to stay within the budget
   uint64_t errors = 0;          // blocks whose operation failed (I/O, connection, timeout, protocol)
   uint64_t corrupt = 0;         // blocks found but refused by the record check: damaged, or another
-                                // model's or codec's (counted as hits above, used as misses)
+                                // model's or codec's (counted as misses above, not hits)
   int64_t resident_blocks = -1; // blocks held now; -1 = unknown (Redis)
   int64_t resident_bytes = -1;  // bytes held now; -1 = unknown
   int64_t capacity_bytes = -1;  // budget; -1 = set by the server (Redis maxmemory)

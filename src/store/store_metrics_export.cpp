@@ -47,7 +47,7 @@ void append_prometheus(const TieredStats& stats, std::string& out) {
   };
   static const Counter kCounters[] = {
       {"kvserve_kv_tier_hits_total", "Blocks looked up and found.", &TierStats::hits},
-      {"kvserve_kv_tier_misses_total", "Blocks looked up and not found.", &TierStats::misses},
+      {"kvserve_kv_tier_misses_total", "Blocks looked up and not found (or refused by the record check).", &TierStats::misses},
       {"kvserve_kv_tier_read_bytes_total", "Bytes returned by hits.", &TierStats::bytes_read},
       {"kvserve_kv_tier_puts_total", "Blocks stored.", &TierStats::puts},
       {"kvserve_kv_tier_written_bytes_total", "Bytes of the blocks stored.", &TierStats::bytes_written},

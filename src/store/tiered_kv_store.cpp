@@ -126,23 +126,25 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
   take_pending();
   for (size_t t = 0; t < tiers_.size() && out.size() < keys.size(); ++t) {
     const std::span<const BlockKey> rest = keys.subspan(out.size());
-    std::vector<std::optional<Bytes>> got = tiers_[t]->get_leading(rest, chain);
-    std::vector<Job> promote, drop;
+    // The tier counts a refused record as corrupt and as a miss; the run ends there.
+    std::optional<std::pair<size_t, RecordStatus>> refused;
+    auto check = [&](size_t i, const Bytes& value) {
+      const RecordStatus status = decode_record(value, {options_.identity, rest[i], options_.payload_bytes}).status;
+      if (status != RecordStatus::Ok) refused.emplace(i, status);
+      return status == RecordStatus::Ok;
+    };
+    std::vector<std::optional<Bytes>> got = tiers_[t]->get_leading(rest, chain, check);
+    std::vector<Job> promote;
     for (size_t i = 0; i < rest.size() && got[i]; ++i) {
-      const DecodedRecord d = decode_record(*got[i], {options_.identity, rest[i], options_.payload_bytes});
-      if (d.status != RecordStatus::Ok) {
-        tiers_[t]->count_corrupt(1);
-        // Damaged bytes are deleted. A sound record of another model, codec
-        // or block size is only refused: in a shared Redis it may be another
-        // fleet's, and it ages out by TTL or LRU like any block.
-        if (!record_is_foreign(d.status)) drop.push_back(Job{true, rest[i], chain, nullptr, nullptr, t, t + 1});
-        break;
-      }
       auto record = std::make_shared<const Bytes>(std::move(*got[i]));
       if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, nullptr, record, 0, t});
       out.push_back(LoadedBlock{std::move(record), int(t)});
     }
-    if (!drop.empty()) enqueue_remove(std::move(drop));
+    // Damaged bytes are deleted. A sound record of another model, codec or
+    // block size is only refused: in a shared Redis it may be another
+    // fleet's, and it ages out by TTL or LRU like any block.
+    if (refused && !record_is_foreign(refused->second))
+      enqueue_remove({Job{true, rest[refused->first], chain, nullptr, nullptr, t, t + 1}});
     if (!promote.empty()) {
       const size_t n = enqueue_writes(std::move(promote));
       std::lock_guard lock(queue_mu_);
