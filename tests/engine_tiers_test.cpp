@@ -72,7 +72,9 @@ TEST_F(EngineTiersTest, RestartedEngineLoadsItsBlocksFromDisk) {
   {
     Engine engine(*model, options("disk:" + dir + ":64MiB"));
     first = serve(engine, {"Lily"});
+    engine.flush_tiers();
     EXPECT_GT(engine.stats().tier_blocks_written, 0);
+    EXPECT_EQ(engine.stats().tier_blocks_written, engine.stats().tier_blocks_queued);
     // A cold tier's misses say nothing about what loading a block costs (one
     // recorded as a block's cost could turn loading off).
     EXPECT_GT(engine.stats().tier_lookups, 0);
@@ -183,7 +185,7 @@ TEST_F(EngineTiersTest, RedisKilledMidRunLosesNoRequestAndChangesNoToken) {
   for (size_t i = 0; i < names.size(); ++i)
     ASSERT_EQ(engine.submit(request(names[i], "acme", got[i])).status, SubmitResult::Status::Accepted);
   for (int step = 0; step < 6; ++step) engine.step();
-  EXPECT_GT(engine.stats().tier_blocks_written, 0);
+  EXPECT_GT(engine.stats().tier_blocks_queued, 0);
   redis.kill();
   engine.run_until_idle();
   for (size_t i = 0; i < names.size(); ++i) {
@@ -196,6 +198,20 @@ TEST_F(EngineTiersTest, RedisKilledMidRunLosesNoRequestAndChangesNoToken) {
   ASSERT_EQ(s.tier.tiers.size(), 1u);
   EXPECT_GT(s.tier.tiers[0].errors, 0u);
   std::filesystem::remove_all(dir);
+}
+
+// Blocks count as written once a tier stored them, not when queued: with
+// Redis unreachable nothing is written (every queued block was counted).
+TEST_F(EngineTiersTest, BlocksNoTierStoredAreNotCountedAsWritten) {
+  Engine engine(*model, options("redis://127.0.0.1:" + std::to_string(testing_redis::free_port())));
+  serve(engine, {"Lily"});
+  engine.flush_tiers();
+  const EngineStats s = engine.stats();
+  EXPECT_GT(s.tier_blocks_queued, 0);
+  EXPECT_EQ(s.tier_blocks_written, 0);
+  EXPECT_EQ(s.tier.written, 0u);
+  ASSERT_EQ(s.tier.tiers.size(), 1u);
+  EXPECT_GE(s.tier.tiers[0].errors, uint64_t(s.tier_blocks_queued));  // every write failed (lookups too)
 }
 
 // Under memory pressure an admission that cannot fit its prompt fetches

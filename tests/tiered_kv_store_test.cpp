@@ -122,6 +122,28 @@ TEST_F(TieredKvStoreTest, WritesThroughEveryTierAndReadsTheLeadingRun) {
   EXPECT_EQ(st.queued_blocks, 0u);
 }
 
+// written counts blocks some tier stored, not blocks offered: a write every
+// tier refuses is not written, one any tier takes is, and promotions are not
+// put() blocks.
+TEST_F(TieredKvStoreTest, WrittenCountsBlocksSomeTierStored) {
+  {
+    TieredKvStore s(tiers(host(kRecord - 1)), options(1000));
+    EXPECT_EQ(put_chain(s, 0, 3, 1000), 3u);
+    s.flush();
+    EXPECT_EQ(s.stats().enqueued, 3u);
+    EXPECT_EQ(s.stats().written, 0u);
+    EXPECT_EQ(s.tier(0).stats().rejected, 3u);
+  }
+  TieredKvStore s(tiers(host(kRecord - 1), disk()), options(1000));
+  put_chain(s, 0, 3, 1000);
+  s.flush();
+  EXPECT_EQ(s.stats().written, 3u);
+  EXPECT_EQ(s.lookup(chain(0, 3)).size(), 3u);  // from the disk, promoted (and refused) above
+  s.flush();
+  EXPECT_EQ(s.stats().promotions, 3u);
+  EXPECT_EQ(s.stats().written, 3u);
+}
+
 TEST_F(TieredKvStoreTest, LooksUpTierByTierWithOneCallEachAndPromotesHits) {
   // The host tier holds 2 records; the disk tier holds all 6.
   TieredKvStore s(tiers(host(2 * kRecord), disk()), options(1000));

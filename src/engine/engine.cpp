@@ -207,7 +207,7 @@ void Engine::write_published(const Sequence& seq) {
   const ChainTag chain = seq.keys.empty() ? ChainTag() : ChainTag(seq.keys[0]);
   for (const CacheEvent& e : stored_) {
     cache_.export_block(e.block, block_bytes_);
-    if (store_->put(e.key, block_bytes_, chain)) ++local_.tier_blocks_written;
+    if (store_->put(e.key, block_bytes_, chain)) ++local_.tier_blocks_queued;
   }
   stored_.clear();
 }
@@ -615,7 +615,10 @@ void Engine::publish_stats() {
   local_.waiting = int32_t(scheduler_.num_waiting());
   local_.kv = cache_.stats();
   if (prefix_) local_.prefix = prefix_->stats();
-  if (store_) local_.tier = store_->stats();
+  if (store_) {
+    local_.tier = store_->stats();
+    local_.tier_blocks_written = int64_t(local_.tier.written);  // the engine is the store's only put() caller
+  }
   waiting_.store(local_.waiting);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex
@@ -633,8 +636,15 @@ EngineStats Engine::stats() const {
   }
   // The tiers' writer runs on while the engine idles: read its counters now,
   // not as of the last step.
-  if (store_) s.tier = store_->stats();
+  if (store_) {
+    s.tier = store_->stats();
+    s.tier_blocks_written = int64_t(s.tier.written);
+  }
   return s;
+}
+
+void Engine::flush_tiers() {
+  if (store_) store_->flush();
 }
 
 void Engine::run_until_idle() {

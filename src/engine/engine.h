@@ -131,7 +131,8 @@ struct EngineStats {
   int64_t tier_lookups = 0;             // admissions that asked the tiers
   int64_t tier_lookups_skipped = 0;     // admissions that recomputed because loading measured slower
   int64_t tier_blocks_loaded = 0;       // blocks imported from a tier instead of computed
-  int64_t tier_blocks_written = 0;      // published blocks queued for the tiers
+  int64_t tier_blocks_queued = 0;       // published blocks queued for the tiers (dropped ones not counted)
+  int64_t tier_blocks_written = 0;      // of them, stored in at least one tier so far (TieredStats::written)
   double tier_load_ms_per_block = 0;    // measured: lookup + import, per block loaded (median of the last 9 lookups that loaded any)
   double recompute_ms_per_block = 0;    // measured: prefill time per block of tokens (median of the last 9 prefill steps)
   Histogram ttft = Histogram::latency_seconds();   // arrival → first token
@@ -179,6 +180,9 @@ class Engine {
   void run_until_idle();
 
   EngineStats stats() const;
+  // Waits until the tiers' writer has stored or failed every block queued so
+  // far, so stats() counts them (benchmarks, tests). No-op without tiers.
+  void flush_tiers();
   // The logged prefix-cache events after `after` (at most `max`). Thread-safe.
   CacheEventPage cache_events(uint64_t after, size_t max) const;
   const ModelConfig& config() const { return model_.config(); }

@@ -141,7 +141,9 @@ std::string render_metrics(const EngineStats& e, const ServerMetrics& s) {
               double(e.tier_lookups_skipped));
     w.counter("kvserve_tier_blocks_loaded_total", "Blocks imported from a tier instead of computed.",
               double(e.tier_blocks_loaded));
-    w.counter("kvserve_tier_blocks_written_total", "Published blocks queued for the tiers.", double(e.tier_blocks_written));
+    w.counter("kvserve_tier_blocks_queued_total", "Published blocks queued for the tiers.", double(e.tier_blocks_queued));
+    w.counter("kvserve_tier_blocks_written_total", "Published blocks stored in at least one tier.",
+              double(e.tier_blocks_written));
     w.gauge("kvserve_tier_load_ms_per_block", "Measured lookup + import time per block found.", e.tier_load_ms_per_block);
     w.gauge("kvserve_recompute_ms_per_block", "Measured prefill time per block of tokens.", e.recompute_ms_per_block);
   }

@@ -1,5 +1,6 @@
 #include "store/kv_store.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "util/timer.h"
@@ -7,10 +8,16 @@
 namespace kvserve {
 
 size_t KvStore::put(std::span<const BlockKey> keys, std::span<const ByteView> values, const ChainTag& chain) {
+  const std::vector<bool> stored = put_each(keys, values, chain);
+  return size_t(std::count(stored.begin(), stored.end(), true));
+}
+
+std::vector<bool> KvStore::put_each(std::span<const BlockKey> keys, std::span<const ByteView> values,
+                                    const ChainTag& chain) {
   assert(keys.size() == values.size());
-  if (keys.empty()) return 0;
+  if (keys.empty()) return {};
   Timer timer;
-  const std::vector<bool> stored = do_put(keys, values, chain);
+  std::vector<bool> stored = do_put(keys, values, chain);
   counters_.put_latency.record(timer.seconds());
   assert(stored.size() == keys.size());
   uint64_t n = 0, bytes = 0;
@@ -21,7 +28,7 @@ size_t KvStore::put(std::span<const BlockKey> keys, std::span<const ByteView> va
   }
   counters_.add(counters_.puts, n);
   counters_.add(counters_.bytes_written, bytes);
-  return size_t(n);
+  return stored;
 }
 
 std::vector<std::optional<Bytes>> KvStore::timed_get(std::span<const BlockKey> keys, const ChainTag& chain,

@@ -40,6 +40,9 @@ class KvStore {
   // failed write is an error; both leave the key absent). May evict least
   // recently used blocks.  REQUIRES: keys.size() == values.size().
   size_t put(std::span<const BlockKey> keys, std::span<const ByteView> values, const ChainTag& chain = std::nullopt);
+  // As put, but says which: one entry per key, true if it was stored.
+  [[nodiscard]] std::vector<bool> put_each(std::span<const BlockKey> keys, std::span<const ByteView> values,
+                                           const ChainTag& chain = std::nullopt);
   // One entry per key: its bytes, or nullopt for a miss. A hit refreshes the
   // block's recency.
   [[nodiscard]] std::vector<std::optional<Bytes>> get(std::span<const BlockKey> keys,

@@ -137,7 +137,7 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
     std::vector<Job> promote;
     for (size_t i = 0; i < rest.size() && got[i]; ++i) {
       auto record = std::make_shared<const Bytes>(std::move(*got[i]));
-      if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, nullptr, record, 0, t});
+      if (options_.promote && t > 0) promote.push_back(Job{false, rest[i], chain, nullptr, record, 0, t, true});
       out.push_back(LoadedBlock{std::move(record), int(t)});
     }
     // Damaged bytes are deleted. A sound record of another model, codec or
@@ -213,10 +213,10 @@ void TieredKvStore::writer_loop() {
       }
       writing_ = true;
     }
-    run(batch);
+    const uint64_t written = run(batch);
     {
       std::lock_guard lock(queue_mu_);
-      if (!batch.front().remove) written_ += batch.size();
+      written_ += written;
       writing_ = false;
       in_flight_.clear();
       if (queue_.empty()) idle_cv_.notify_all();
@@ -225,7 +225,7 @@ void TieredKvStore::writer_loop() {
   }
 }
 
-void TieredKvStore::run(std::span<Job> batch) {
+uint64_t TieredKvStore::run(std::span<Job> batch) {
   std::vector<BlockKey> keys;
   std::vector<ByteView> values;
   for (Job& job : batch) {
@@ -237,10 +237,19 @@ void TieredKvStore::run(std::span<Job> batch) {
     if (!job.remove) values.push_back(ByteView(*job.record));
   }
   const Job& head = batch.front();
+  // Write-through: a block counts as written once any tier holds it.
+  std::vector<bool> stored(batch.size(), false);
   for (size_t t = head.first_tier; t < head.end_tier; ++t) {
-    if (head.remove) tiers_[t]->remove(keys, head.chain);
-    else (void)tiers_[t]->put(keys, values, head.chain);
+    if (head.remove) {
+      tiers_[t]->remove(keys, head.chain);
+      continue;
+    }
+    const std::vector<bool> in_tier = tiers_[t]->put_each(keys, values, head.chain);
+    for (size_t i = 0; i < batch.size(); ++i) stored[i] = stored[i] || in_tier[i];
   }
+  uint64_t written = 0;
+  for (size_t i = 0; i < batch.size(); ++i) written += stored[i] && !batch[i].promotion;
+  return written;
 }
 
 TieredStats TieredKvStore::stats() const {

@@ -65,7 +65,8 @@ struct TieredStats {
   uint64_t queue_hits = 0;       // of those, served from the write queue before any tier had them
   uint64_t enqueued = 0;         // blocks put() accepted
   uint64_t dropped = 0;          // blocks put() (or a promotion) refused: queue full
-  uint64_t written = 0;          // blocks the writer has offered to their tiers (tier stats say which stored them)
+  uint64_t written = 0;          // blocks put() accepted that at least one tier then stored (tier stats say which);
+                                 // promotions are not counted here
   uint64_t promotions = 0;       // blocks queued for copying into the tiers above the one that had them
   uint64_t queued_blocks = 0;    // waiting now
   int64_t queued_bytes = 0;      // waiting now
@@ -119,6 +120,7 @@ class TieredKvStore {
     // The record's bytes, sealed or not (null for a remove).
     std::shared_ptr<const Bytes> buffer() const { return unsealed ? unsealed : record; }
     size_t first_tier = 0, end_tier = 0;  // applies to tiers [first_tier, end_tier)
+    bool promotion = false;               // a copy of a block found lower down, not a put()
   };
 
   // For each key, the payload of its latest write still queued or being
@@ -128,7 +130,9 @@ class TieredKvStore {
   size_t enqueue_writes(std::vector<Job> jobs);
   void enqueue_remove(std::vector<Job> jobs);
   void writer_loop();
-  void run(std::span<Job> batch);
+  // Applies one batch to its tiers; returns how many put() blocks (not
+  // promotions) at least one tier stored.
+  uint64_t run(std::span<Job> batch);
 
   std::vector<std::unique_ptr<KvStore>> tiers_;
   const TieredKvStoreOptions options_;
