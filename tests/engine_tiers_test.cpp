@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -89,6 +90,12 @@ TEST_F(EngineTiersTest, RestartedEngineLoadsItsBlocksFromDisk) {
     // Every full block but the one holding the last prompt token came from disk.
     EXPECT_EQ(again[0].usage.cached_tokens, (again[0].usage.prompt_tokens - 1) / 16 * 16);
     EXPECT_EQ(s.prefill_tokens_computed, again[0].usage.prompt_tokens - again[0].usage.cached_tokens);
+    // The tenant's prefix-cache hits count the blocks its tier hit served.
+    const auto acme = std::find_if(s.prefix.tenants.begin(), s.prefix.tenants.end(),
+                                   [](const PrefixCacheTenantStats& t) { return t.name == "acme"; });
+    ASSERT_NE(acme, s.prefix.tenants.end());
+    EXPECT_EQ(acme->counters.hit_tokens, again[0].usage.cached_tokens);
+    EXPECT_EQ(acme->counters.hit_blocks, s.tier_blocks_loaded);
   }
   {
     EngineOptions o = options("");

@@ -247,6 +247,8 @@ int32_t Engine::load_from_tiers(Sequence& seq) {
     // Cache them in memory too; they are in the tiers already.
     prefix_->publish(seq.scope, seq.table, seq.keys);
     stored_.clear();
+    // The tenant's hit counters count them as the usage's cached tokens do.
+    prefix_->count_loaded_hits(seq.scope, loaded);
   }
   // Only lookups that loaded blocks say what loading a block costs: a miss
   // recorded as one block's cost made one cold miss on a slow tier turn

@@ -227,6 +227,12 @@ PrefixMatch PrefixCache::match(const CacheScope& scope, std::span<const BlockKey
   return m;
 }
 
+void PrefixCache::count_loaded_hits(const CacheScope& scope, int32_t blocks) {
+  PrefixCacheCounters& c = accounts_[size_t(account_of(scope))].counters;
+  c.hit_blocks += blocks;
+  c.hit_tokens += int64_t(blocks) * cache_.block_size();
+}
+
 void PrefixCache::publish(const CacheScope& scope, const BlockTable& table, std::span<const BlockKey> keys) {
   const TenantId id = account_of(scope);
   Account& account = accounts_[size_t(id)];

@@ -127,7 +127,7 @@ struct PrefixMatch {
 struct PrefixCacheCounters {
   int64_t queries = 0;         // match() calls
   int64_t query_tokens = 0;    // prompt tokens looked up
-  int64_t hit_tokens = 0;      // of them served from the cache
+  int64_t hit_tokens = 0;      // of them served from the cache (or loaded into it, count_loaded_hits)
   int64_t query_blocks = 0;    // full prompt blocks that could have matched (the last token excluded)
   int64_t hit_blocks = 0;      // of them served from the cache
   int64_t blocks_stored = 0;   // blocks published
@@ -213,6 +213,12 @@ class PrefixCache final : private BlockReclaimer {
   // (prompt_tokens - 1) / block_size blocks match.  REQUIRES: table is empty.
   [[nodiscard]] PrefixMatch match(const CacheScope& scope, std::span<const BlockKey> keys, int32_t prompt_tokens,
                                   BlockTable& table);
+
+  // Counts `blocks` more blocks (and their tokens) as hits of the account of
+  // the match() just made in `scope`: blocks the caller loaded from elsewhere
+  // (the engine's KV tiers) to extend that hit, so a tenant's hits count
+  // every cached token its requests were served, not only those found here.
+  void count_loaded_hits(const CacheScope& scope, int32_t blocks);
 
   // Tokens match() would share now for this prompt, without taking them or
   // counting a query (the scheduler's prefix-aware ordering asks this of
