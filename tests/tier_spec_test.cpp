@@ -139,5 +139,21 @@ TEST(TierSpec, OpensTiersAndReadsTheAuthFile) {
   fs::remove_all(dir);
 }
 
+// A host or disk tier smaller than one record would refuse every block: it is
+// refused at start, by name, before a disk tier evicts what its directory holds.
+TEST(TierSpec, RefusesATierSmallerThanOneRecord) {
+  const std::string dir = testing_redis::make_temp_dir("small");
+  TieredKvStoreOptions o;
+  o.payload_bytes = 20 * 1024;
+  expect_error_containing([&] { (void)open_tiered_kv_store("host:10KiB", o); },
+                          "the host tier's budget of 10240 bytes cannot hold one block record of 20552 bytes");
+  expect_error_containing([&] { (void)open_tiered_kv_store(fmt::format("host:1MiB,disk:{}/d:10KiB", dir), o); },
+                          fmt::format("the disk:{}/d tier's budget of 10240 bytes", dir));
+  EXPECT_FALSE(fs::exists(dir + "/d"));
+  // One record exactly fits; a Redis budget is the server's.
+  EXPECT_EQ(open_tiered_kv_store("host:20552,redis://127.0.0.1:1?connect_timeout_ms=50", o)->tier_count(), 2u);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvserve

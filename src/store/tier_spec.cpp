@@ -182,9 +182,38 @@ std::unique_ptr<KvStore> open_tier(const TierSpec& spec) {
   return std::make_unique<RedisStore>(o);
 }
 
+namespace {
+
+// payload_bytes 0 = unknown: nothing to check.
+void check_tier_fits_a_record(const TierSpec& spec, uint64_t payload_bytes) {
+  if (payload_bytes == 0) return;
+  std::string name;
+  int64_t budget = 0;
+  if (const auto* h = std::get_if<HostStoreOptions>(&spec)) {
+    name = "host";
+    budget = h->budget_bytes;
+  } else if (const auto* d = std::get_if<DiskStoreOptions>(&spec)) {
+    name = "disk:" + d->dir;
+    budget = d->budget_bytes;
+  } else {
+    return;  // Redis's budget is the server's maxmemory
+  }
+  const uint64_t record = kRecordHeaderBytes + payload_bytes;
+  if (uint64_t(budget) < record)
+    fail("--kv-tiers: the {} tier's budget of {} bytes cannot hold one block record of {} bytes (it would refuse "
+         "every block); give it at least {} bytes",
+         name, budget, record, record);
+}
+
+}  // namespace
+
 std::unique_ptr<TieredKvStore> open_tiered_kv_store(std::string_view text, const TieredKvStoreOptions& options) {
+  const std::vector<TierSpec> specs = parse_kv_tiers(text);
+  // Before any tier opens: a disk tier opened with a tiny budget would first
+  // evict every block its directory holds.
+  for (const TierSpec& spec : specs) check_tier_fits_a_record(spec, options.payload_bytes);
   std::vector<std::unique_ptr<KvStore>> tiers;
-  for (const TierSpec& spec : parse_kv_tiers(text)) tiers.push_back(open_tier(spec));
+  for (const TierSpec& spec : specs) tiers.push_back(open_tier(spec));
   return std::make_unique<TieredKvStore>(std::move(tiers), options);
 }
 

@@ -48,7 +48,10 @@ std::vector<TierSpec> parse_kv_tiers(std::string_view text);
 // tier cannot be opened; an unreachable Redis is not an error (it reconnects).
 std::unique_ptr<KvStore> open_tier(const TierSpec& spec);
 
-// parse_kv_tiers + open_tier for each + TieredKvStore.
+// parse_kv_tiers + open_tier for each + TieredKvStore. Throws kvserve::Error
+// naming the tier, before opening any, when a host or disk tier's budget is
+// smaller than one record of options.payload_bytes: it would start and refuse
+// every block.
 std::unique_ptr<TieredKvStore> open_tiered_kv_store(std::string_view text, const TieredKvStoreOptions& options);
 
 }  // namespace kvserve
