@@ -125,7 +125,7 @@ TEST(OpenAiProtocol, ChatMessages) {
   ASSERT_EQ(r.messages.size(), 4u);
   EXPECT_EQ(r.messages[0].role, "system");
   EXPECT_EQ(r.messages[0].content, "Be brief.");
-  EXPECT_EQ(r.messages[1].content, "Hello there");
+  EXPECT_EQ(r.messages[1].content, "Hello \nthere");  // parts are lines, as vLLM joins them
   EXPECT_EQ(r.messages[2].role, "assistant");
   EXPECT_EQ(r.messages[2].content, "");
   EXPECT_EQ(r.messages[3].content, "again");

@@ -151,6 +151,8 @@ std::string message_content(const json& m, const std::string& role, size_t index
   }
   if (c->is_string()) return c->get<std::string>();
   if (!c->is_array()) wrong_type(param, "a string or an array of content parts", *c);
+  // Parts are joined with newlines, as vLLM joins them for text templates:
+  // "Hello" and "world" are two lines, not "Helloworld".
   std::string text;
   for (const json& part : *c) {
     if (!part.is_object()) wrong_type(param, "an array of content parts", part);
@@ -158,6 +160,7 @@ std::string message_content(const json& m, const std::string& role, size_t index
     if (type != "text") unsupported(param, fmt::format("content of type '{}'", type));
     const json* t = field(part, "text");
     if (!t || !t->is_string()) reject(fmt::format("a text part of '{}' needs a string 'text'", param), param);
+    if (&part != &c->front()) text += '\n';
     text += t->get<std::string>();
   }
   return text;
