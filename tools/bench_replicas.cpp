@@ -296,7 +296,7 @@ void run_replica_bench(const ReplicaBenchOptions& o, const CLI::App& bench) {
                       {"failed", failed},
                       {"per_replica", per_replica}};
   if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   std::printf("replicas: %d serve processes sharing %s | replica 0 computed the %d-token prefix: TTFT %.1f ms | "

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "tools/cli_common.h"
+
 namespace kvserve::cli {
 
 void add_server_bench_options(CLI::App& cmd, LoadOptions& o) {
@@ -25,7 +27,7 @@ void run_server_bench(const LoadOptions& o, bool json) {
   signal(SIGPIPE, SIG_IGN);
   const LoadReport r = run_load(o);
   if (json) {
-    std::printf("%s\n", load_report_json(r).dump().c_str());
+    print_json(load_report_json(r));
   } else {
     std::fputs(load_report_text(r).c_str(), stdout);
   }

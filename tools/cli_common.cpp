@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -246,6 +247,23 @@ int thread_count(const CommonOptions& o) {
   if (o.threads < 0 || o.threads > kMaxThreads)
     fail("--threads must be in 0..{} (0: every core; got {})", kMaxThreads, o.threads);
   return o.threads == 0 ? default_thread_count() : o.threads;
+}
+
+CLI::Validator finite_in(double min, double max, bool above_min) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && (above_min ? v > min : v >= min) && v <= max)
+          return {};
+        if (max == std::numeric_limits<double>::max())
+          return fmt::format("must be a number {} {} (got '{}')", above_min ? ">" : ">=", min, text);
+        return fmt::format("must be a number in {}{}, {}] (got '{}')", above_min ? "(" : "[", min, max, text);
+      },
+      "NUMBER");
+}
+
+void print_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 nlohmann::json kv_stats_json(const KvStats& s) {

@@ -102,7 +102,7 @@ void run_workload_bench(const BenchArgs& a) {
   j["kv_dtype"] = kv_description(engine.cache());
   j["prefix_cache"] = a.engine.prefix_cache;
   if (a.common.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   if (a.workload.name == "hot-burst")
@@ -304,7 +304,7 @@ void run(const BenchArgs& a) {
     baseline->cache->release(baseline->table);
   }
   if (a.common.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   std::printf("prefill %.1f tok/s | decode %.2f tok/s | %.1f MB read per decode token | bandwidth %.1f GB/s, "

@@ -349,7 +349,7 @@ void run_attention_bench(const AttentionBenchArgs& a, const CommonOptions& commo
     nlohmann::json j = {{"dump_qk", a.dump_qk},     {"tokens", dump.n_tokens},     {"chunk", dump.chunk},
                         {"n_layers", dump.n_layers}, {"n_heads", dump.n_heads},     {"n_kv_heads", dump.n_kv_heads},
                         {"head_dim", dump.head_dim}};
-    if (common.json && !a.attention_only) std::printf("%s\n", j.dump().c_str());
+    if (common.json && !a.attention_only) print_json(j);
     else std::fprintf(stderr, "wrote %s: %lld tokens of %d layers x %d/%d heads x %d dims\n", a.dump_qk.c_str(),
                       (long long)dump.n_tokens, dump.n_layers, dump.n_heads, dump.n_kv_heads, dump.head_dim);
     if (!a.attention_only) return;
@@ -468,7 +468,7 @@ void run_attention_bench(const AttentionBenchArgs& a, const CommonOptions& commo
     nlohmann::json j = {{"attention_bench", {{"flush_mib", a.flush_mib}, {"sinks", a.sinks}, {"window", a.window},
                                              {"threads", 1}, {"qk_file", have_dump ? a.dump_qk : a.qk_file}}},
                         {"rows", rows}};
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   }
 }
 

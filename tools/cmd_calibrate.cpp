@@ -61,7 +61,7 @@ void run(CalibrateArgs a) {
       j["assignment"].push_back(std::string(kv_dtype_name(as.k)) + "/" + std::string(kv_dtype_name(as.v)));
   }
   if (a.common.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   std::printf("wrote %s: ranges of %zu layers from %lld tokens (%.2f%% clipping)\n", a.out.c_str(), cal.k.size(),

@@ -97,7 +97,7 @@ void run(const GenerateArgs& a) {
     j["prefill_seconds"] = r.prefill_seconds;
     j["decode_tok_s"] = decode_tok_s;
     j["kv_dtype"] = kv_description(cache);
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   std::printf("\n");

@@ -35,10 +35,10 @@ void run(const CommonOptions& o) {
       {"kv_bytes_full_context", (int64_t(c.seq_len) + kv.block_size - 1) / kv.block_size * kv.bytes_per_block},
   };
   if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
-  for (auto& [key, value] : j.items()) std::printf("%-22s %s\n", key.c_str(), value.dump().c_str());
+  for (auto& [key, value] : j.items()) std::printf("%-22s %s\n", key.c_str(), value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 }  // namespace

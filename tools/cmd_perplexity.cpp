@@ -74,7 +74,7 @@ void run(const PerplexityArgs& a) {
     j["delta_ppl_pct"] = (r.ppl / r.reference_ppl - 1.0) * 100.0;
   }
   if (a.common.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return;
   }
   std::printf("perplexity: %.4f over %lld tokens in %d chunks of %d (KV %s, %lld bytes/token), %.1f s\n", r.ppl,

@@ -147,7 +147,9 @@ void register_serve(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
   add_common_options(*cmd, a->common);
   cmd->add_option("--host", a->http.host, "address to listen on")->capture_default_str();
-  cmd->add_option("--port", a->http.port, "port (0 = any free port, printed on stderr)")->capture_default_str();
+  cmd->add_option("--port", a->http.port, "port (0 = any free port, printed on stderr)")
+      ->check(CLI::Range(0, 65535))  // httplib would bind the value modulo 2^16 and print another
+      ->capture_default_str();
   cmd->add_option("--api-keys", a->api_keys, "file of `KEY TENANT` lines; unknown keys get 401");
   cmd->add_flag("--require-api-key", a->http.require_api_key, "with --api-keys: requests without a key get 401");
   cmd->add_option("--served-model-name", a->http.served_model_name,
@@ -157,6 +159,7 @@ void register_serve(CLI::App& app) {
   add_engine_options(*cmd, a->engine_flags);
   add_sparsity_options(*cmd, a->sparsity);
   cmd->add_option("--drain-timeout", a->drain_timeout, "seconds running requests may take to finish on SIGTERM")
+      ->check(finite_in(0))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http.http_threads,
                   "connection threads (default: max-num-seqs + max-waiting + 16)");

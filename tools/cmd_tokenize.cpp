@@ -29,7 +29,7 @@ void run(const TokenizeArgs& a) {
   }
   const std::vector<int32_t> ids = tok->encode(read_text_file(a.file, "--file"), !a.no_bos && tok->add_bos_default());
   if (a.common.json) {
-    std::printf("%s\n", nlohmann::json{{"tokens", ids}, {"count", ids.size()}}.dump().c_str());
+    print_json(nlohmann::json{{"tokens", ids}, {"count", ids.size()}});
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);

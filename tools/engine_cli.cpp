@@ -30,15 +30,20 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
       ->capture_default_str();
   cmd.add_option("--prefix-eviction", o.prefix_eviction, "order idle cached blocks are evicted in: lru | lfu | ttl")
       ->capture_default_str();
-  cmd.add_option("--prefix-ttl", o.prefix_ttl_seconds, "ttl: seconds an idle cached block lives")->capture_default_str();
+  cmd.add_option("--prefix-ttl", o.prefix_ttl_seconds, "ttl: seconds an idle cached block lives")
+      ->check(finite_in(0, std::numeric_limits<double>::max(), true))
+      ->capture_default_str();
   cmd.add_option("--prefix-half-life", o.prefix_half_life_seconds, "lfu: seconds for a hit to count half")
+      ->check(finite_in(0, std::numeric_limits<double>::max(), true))
       ->capture_default_str();
   cmd.add_option("--prefix-pin-after-hits", o.pin_after_hits,
                  "pin a cached block once it was reused this often (0 = never)")
       ->capture_default_str();
   cmd.add_option("--prefix-max-pinned", o.max_pinned_fraction, "most of the KV blocks pinned blocks may hold (0..1)")
+      ->check(finite_in(0, 1))
       ->capture_default_str();
   cmd.add_option("--tenant-quota-blocks", o.tenant_quota_blocks, "cached blocks per tenant (-1 = no quota)")
+      ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()))
       ->capture_default_str();
   cmd.add_option("--tenant-secret-file", o.tenant_secret_file,
                  "file whose bytes salt tenant caches (same file on every replica; default: random)");

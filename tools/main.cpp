@@ -19,7 +19,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and the like print and succeed; bad arguments are errors like
+    // any other: one line, status 1.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "kvserve: error: %s (see --help)\n", e.what());
+    return 1;
   } catch (const kvserve::Error& e) {
     std::fprintf(stderr, "kvserve: error: %s\n", e.what());
     return 1;

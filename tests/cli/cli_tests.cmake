@@ -42,6 +42,21 @@ kvserve_error_test(cli.error_max_tokens_past_context "context length"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 100000)
 kvserve_error_test(cli.error_kv_too_small "cannot hold"
   generate --model ${MODELS}/stories260K.gguf --prompt ${ONCE} --max-tokens 256 --kv-blocks 2)
+# Arguments CLI11 refuses are errors like the others: one "kvserve: error:"
+# line and status 1 (they printed two other lines and exited 104-114).
+kvserve_error_test(cli.error_unconvertible_value "Could not convert: --max-tokens = abc"
+  generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens abc)
+# httplib bound a port past 65535 modulo 2^16 while the server printed the
+# value given; NaN passed every range check.
+kvserve_error_test(cli.serve_error_port_out_of_range "--port: Value 70000 not in range"
+  serve --model ${MODELS}/stories260K.gguf --port 70000)
+kvserve_error_test(cli.serve_error_drain_timeout_nan "--drain-timeout: must be a number >= 0 (got 'nan')"
+  serve --model ${MODELS}/stories260K.gguf --drain-timeout nan)
+# Sampled byte tokens that end mid-character (near-uniform sampling makes
+# many): --json printed nothing and failed on the invalid UTF-8.
+add_test(NAME cli.generate_json_invalid_utf8_text COMMAND ${CMAKE_COMMAND}
+  "-DCOMMAND=$<TARGET_FILE:kvserve>;generate;--model;${MODELS}/stories260K.gguf;--prompt;x;--temperature;50;--seed;1;--max-tokens;40;--json"
+  "-DFIELDS=text;tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
 kvserve_error_test(cli.error_bad_dtype "unknown KV dtype"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int3)
 kvserve_error_test(cli.error_block_size_zero "block-size"
