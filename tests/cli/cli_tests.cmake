@@ -57,6 +57,8 @@ kvserve_error_test(cli.serve_error_drain_timeout_nan "--drain-timeout: must be a
 add_test(NAME cli.generate_json_invalid_utf8_text COMMAND ${CMAKE_COMMAND}
   "-DCOMMAND=$<TARGET_FILE:kvserve>;generate;--model;${MODELS}/stories260K.gguf;--prompt;x;--temperature;50;--seed;1;--max-tokens;40;--json"
   "-DFIELDS=text;tokens" -P ${CMAKE_SOURCE_DIR}/tests/cli/expect_json_fields.cmake)
+kvserve_error_test(cli.tokenize_error_llama2c_checkpoint_needs_tokenizer "pass --tokenizer PATH"
+  tokenize --model ${MODELS}/stories260K.bin --file ${CMAKE_SOURCE_DIR}/tests/cli/hello_world.txt)
 kvserve_error_test(cli.error_bad_dtype "unknown KV dtype"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int3)
 kvserve_error_test(cli.error_block_size_zero "block-size"
