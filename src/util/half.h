@@ -37,6 +37,22 @@ inline bf16_t fp32_to_bf16(float f) {
 // smallest subnormal 2^-9.
 using fp8_t = uint8_t;
 
+// The exponent and mantissa fields of finite magnitude a, rounded to nearest
+// even on a minifloat with M mantissa bits and exponent bias Bias (subnormal
+// below 2^(1 - Bias)); a must be below the format's saturation point.
+template <int M, int Bias>
+inline uint8_t round_minifloat_magnitude(float a) {
+  constexpr float kMinNormal = 1.0f / float(1u << (Bias - 1));
+  constexpr float kSubnormalSteps = float(1u << (Bias - 1 + M));  // subnormal steps per unit
+  if (a < kMinNormal) return uint8_t(std::nearbyint(a * kSubnormalSteps));  // (1 << M): the smallest normal
+  int e;
+  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): exponent e - 1, mantissa 2m - 1
+  int q = int(std::nearbyint((2.0f * m - 1.0f) * float(1 << M)));  // exact products: powers of two
+  int biased = e - 1 + Bias;
+  if (q == (1 << M)) q = 0, ++biased;  // rounded up to the next binade
+  return uint8_t((biased << M) | q);
+}
+
 // Rounds to nearest even; magnitudes above 448 (and infinities) saturate to
 // +-448, as vLLM's conversion does: a KV value that large is still kept as
 // the largest one the type has. NaN stays NaN.
@@ -45,13 +61,7 @@ inline fp8_t fp32_to_fp8(float f) {
   const float a = std::fabs(f);
   if (std::isnan(f)) return fp8_t(sign | 0x7F);
   if (a >= 448.0f) return fp8_t(sign | 0x7E);
-  if (a < 0.015625f) return fp8_t(sign | uint8_t(std::nearbyint(a * 512.0f)));  // subnormal steps of 2^-9 (8: 2^-6)
-  int e;
-  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): exponent e - 1, mantissa 2m - 1
-  int q = int(std::nearbyint((2.0f * m - 1.0f) * 8.0f));  // exact products: powers of two
-  int biased = e - 1 + 7;
-  if (q == 8) q = 0, ++biased;  // rounded up to the next binade (never past 448: checked above)
-  return fp8_t(sign | uint8_t(biased << 3) | uint8_t(q));
+  return fp8_t(sign | round_minifloat_magnitude<3, 7>(a));
 }
 
 // The E4M3 bits moved into an FP16's (exponent over exponent, mantissa over
@@ -67,7 +77,8 @@ inline float fp8_to_fp32(fp8_t b) {
 // FP8 E5M2 as in the OCP spec (vLLM's fp8_e5m2 KV cache): the top byte of an
 // FP16 — sign, 5 exponent bits (bias 15), 2 mantissa bits — with FP16's
 // infinities and NaNs; the largest finite value is 57344 and the smallest
-// subnormal 2^-16. Twice E4M3's step for 2^17 times its range.
+// subnormal 2^-16: twice E4M3's relative step, for a largest value 128 times
+// E4M3's.
 using fp8_e5m2_t = uint8_t;
 
 // Rounds to nearest even (from the FP32 value: rounding through FP16 first
@@ -78,14 +89,7 @@ inline fp8_e5m2_t fp32_to_fp8_e5m2(float f) {
   const float a = std::fabs(f);
   if (std::isnan(f)) return fp8_e5m2_t(sign | 0x7E);
   if (a >= 57344.0f) return fp8_e5m2_t(sign | 0x7B);
-  if (a < 0.00006103515625f)  // 2^-14: subnormal steps of 2^-16 (4: the smallest normal)
-    return fp8_e5m2_t(sign | uint8_t(std::nearbyint(a * 65536.0f)));
-  int e;
-  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): exponent e - 1, mantissa 2m - 1
-  int q = int(std::nearbyint((2.0f * m - 1.0f) * 4.0f));  // exact products: powers of two
-  int biased = e - 1 + 15;
-  if (q == 4) q = 0, ++biased;  // rounded up to the next binade (never past 57344: checked above)
-  return fp8_e5m2_t(sign | uint8_t(biased << 2) | uint8_t(q));
+  return fp8_e5m2_t(sign | round_minifloat_magnitude<2, 15>(a));
 }
 
 // Exact: the byte is an FP16's top byte.
