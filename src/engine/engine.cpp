@@ -215,8 +215,8 @@ void Engine::write_published(const Sequence& seq) {
 int32_t Engine::load_from_tiers(Sequence& seq) {
   const int32_t bs = cache_.block_size();
   const int32_t have = seq.table.num_tokens / bs;
-  // As match(): the last prompt token is always computed.
-  const int32_t eligible = std::min<int32_t>(int32_t(seq.keys.size()), (int32_t(seq.tokens().size()) - 1) / bs);
+  // As match(): the last shareable token is always computed.
+  const int32_t eligible = std::min<int32_t>(int32_t(seq.keys.size()), (seq.shareable_tokens() - 1) / bs);
   if (have >= eligible) return 0;
   // Load when that measured cheaper than computing (medians of recent
   // samples: one descheduled lookup does not decide); probe now and then so a
@@ -638,9 +638,11 @@ EngineStats Engine::stats() const {
   }
   // The tiers' writer runs on while the engine idles: read its counters now,
   // not as of the last step.
+  // Written is capped by queued, which is as of the last step: blocks the
+  // writer stored from a step not yet published show at the next one.
   if (store_) {
     s.tier = store_->stats();
-    s.tier_blocks_written = int64_t(s.tier.written);
+    s.tier_blocks_written = std::min(int64_t(s.tier.written), s.tier_blocks_queued);
   }
   return s;
 }

@@ -129,7 +129,7 @@ struct PrefixCacheCounters {
   int64_t query_tokens = 0;    // prompt tokens looked up
   int64_t hit_tokens = 0;      // of them served from the cache (or loaded into it, count_loaded_hits)
   int64_t query_blocks = 0;    // full prompt blocks that could have matched (the last token excluded)
-  int64_t hit_blocks = 0;      // of them served from the cache
+  int64_t hit_blocks = 0;      // of them served from the cache (or loaded into it, count_loaded_hits)
   int64_t blocks_stored = 0;   // blocks published
   int64_t blocks_evicted = 0;  // dropped for memory or quota
   int64_t blocks_expired = 0;  // dropped by the TTL policy
