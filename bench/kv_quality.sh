@@ -26,6 +26,7 @@ configs=(
   "fp8 keys, fp16 values|--kv-k fp8 --kv-v fp16"
   "fp16 keys, fp8 values|--kv-k fp16 --kv-v fp8"
   "fp8_e5m2|--kv-dtype fp8_e5m2"
+  "fp8_e5m2 keys, fp16 values|--kv-k fp8_e5m2 --kv-v fp16"
   "fp16 keys, fp8_e5m2 values|--kv-k fp16 --kv-v fp8_e5m2"
   "int8 keys, fp8_e5m2 values|--kv-k int8 --kv-v fp8_e5m2"
   "int8 per-token (g=head)|--kv-dtype int8 --kv-residual 0"

@@ -249,15 +249,17 @@ int thread_count(const CommonOptions& o) {
   return o.threads == 0 ? default_thread_count() : o.threads;
 }
 
-CLI::Validator finite_in(double min, double max, bool above_min) {
+CLI::Validator finite_in(double min, double max, bool above_min, bool infinity_ok) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
-        if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && (above_min ? v > min : v >= min) && v <= max)
-          return {};
+        const bool parsed = CLI::detail::lexical_cast(text, v);
+        if (parsed && infinity_ok && v == std::numeric_limits<double>::infinity()) return {};
+        if (parsed && std::isfinite(v) && (above_min ? v > min : v >= min) && v <= max) return {};
+        const char* kind = infinity_ok ? "a number (or inf)" : "a finite number";
         if (max == std::numeric_limits<double>::max())
-          return fmt::format("must be a number {} {} (got '{}')", above_min ? ">" : ">=", min, text);
-        return fmt::format("must be a number in {}{}, {}] (got '{}')", above_min ? "(" : "[", min, max, text);
+          return fmt::format("must be {} {} {} (got '{}')", kind, above_min ? ">" : ">=", min, text);
+        return fmt::format("must be {} in {}{}, {}] (got '{}')", kind, above_min ? "(" : "[", min, max, text);
       },
       "NUMBER");
 }

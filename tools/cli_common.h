@@ -71,9 +71,10 @@ int thread_count(const CommonOptions& o);
 // The KV cache accounting as JSON fields (documented in the README).
 nlohmann::json kv_stats_json(const KvStats& s);
 // A flag's value must be a finite number in [min, max], or in (min, max]
-// with above_min (CLI::Range lets NaN through: every comparison with it is
-// false).
-CLI::Validator finite_in(double min, double max = std::numeric_limits<double>::max(), bool above_min = false);
+// with above_min; +inf too with infinity_ok (CLI::Range lets NaN through:
+// every comparison with it is false).
+CLI::Validator finite_in(double min, double max = std::numeric_limits<double>::max(), bool above_min = false,
+                         bool infinity_ok = false);
 // Prints j on one line of stdout. Invalid UTF-8 in its strings (a sampled
 // byte token that ends mid-character, a path) becomes U+FFFD, as the server
 // writes it, instead of failing after the work is done.

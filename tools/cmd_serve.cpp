@@ -94,7 +94,6 @@ void run(ServeArgs& a) {
   static const ShutdownSignals signals;  // before any thread of ours starts
   signals.block();
 
-  if (a.drain_timeout < 0) fail("--drain-timeout must be >= 0 (got {})", a.drain_timeout);
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   EngineOptions eo = engine_options(a.common, a.engine_flags, *model, sparsity_options(a.sparsity));
   // A server shares one cache between many sequences: 1 GiB unless told.
@@ -159,7 +158,7 @@ void register_serve(CLI::App& app) {
   add_engine_options(*cmd, a->engine_flags);
   add_sparsity_options(*cmd, a->sparsity);
   cmd->add_option("--drain-timeout", a->drain_timeout, "seconds running requests may take to finish on SIGTERM")
-      ->check(finite_in(0))
+      ->check(finite_in(0, 1e6))  // seconds; larger would overflow the drain's deadline
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http.http_threads,
                   "connection threads (default: max-num-seqs + max-waiting + 16)");

@@ -31,10 +31,10 @@ void add_engine_options(CLI::App& cmd, EngineCliOptions& o) {
   cmd.add_option("--prefix-eviction", o.prefix_eviction, "order idle cached blocks are evicted in: lru | lfu | ttl")
       ->capture_default_str();
   cmd.add_option("--prefix-ttl", o.prefix_ttl_seconds, "ttl: seconds an idle cached block lives")
-      ->check(finite_in(0, std::numeric_limits<double>::max(), true))
+      ->check(finite_in(0, std::numeric_limits<double>::max(), true, true))
       ->capture_default_str();
-  cmd.add_option("--prefix-half-life", o.prefix_half_life_seconds, "lfu: seconds for a hit to count half")
-      ->check(finite_in(0, std::numeric_limits<double>::max(), true))
+  cmd.add_option("--prefix-half-life", o.prefix_half_life_seconds, "lfu: seconds for a hit to count half (inf = no aging)")
+      ->check(finite_in(0, std::numeric_limits<double>::max(), true, true))
       ->capture_default_str();
   cmd.add_option("--prefix-pin-after-hits", o.pin_after_hits,
                  "pin a cached block once it was reused this often (0 = never)")

@@ -50,7 +50,7 @@ kvserve_error_test(cli.error_unconvertible_value "Could not convert: --max-token
 # value given; NaN passed every range check.
 kvserve_error_test(cli.serve_error_port_out_of_range "--port: Value 70000 not in range"
   serve --model ${MODELS}/stories260K.gguf --port 70000)
-kvserve_error_test(cli.serve_error_drain_timeout_nan "--drain-timeout: must be a number >= 0 (got 'nan')"
+kvserve_error_test(cli.serve_error_drain_timeout_nan "--drain-timeout: must be a finite number in [0, 1000000] (got 'nan')"
   serve --model ${MODELS}/stories260K.gguf --drain-timeout nan)
 # Sampled byte tokens that end mid-character (near-uniform sampling makes
 # many): --json printed nothing and failed on the invalid UTF-8.
