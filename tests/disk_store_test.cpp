@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -270,6 +272,30 @@ TEST_F(DiskStoreTest, ASecretThatIsNoRegularFileIsRefused) {
     EXPECT_NE(std::string(e.what()).find("tenant.secret is not a regular file"), std::string::npos) << e.what();
   }
   ::close(writer);
+}
+
+// A socket cannot be opened (ENXIO): it was taken for a missing secret and
+// replaced by a new one.
+TEST_F(DiskStoreTest, ASecretThatIsASocketIsRefusedNotReplaced) {
+  DiskStore s(options(1 << 20));
+  const std::string path = dir_ + "/tier/tenant.secret";
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof addr.sun_path);
+  std::strcpy(addr.sun_path, path.c_str());
+  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  try {
+    (void)s.kept_secret();
+    ADD_FAILURE() << "a socket was taken for a missing secret";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tenant.secret is not a regular file"), std::string::npos) << e.what();
+  }
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));  // still there, not renamed over
+  ::close(sock);
 }
 
 TEST_F(DiskStoreTest, RemoveDeletesFiles) {

@@ -110,7 +110,12 @@ std::optional<std::string> DiskStore::kept_secret() {
   const fs::path path = fs::path(options_.dir) / "tenant.secret";
   auto read = [&]() -> std::optional<std::string> {
     const int fd = open_regular(path.c_str());
-    if (fd == kNotRegular) fail("{} is not a regular file; remove it to have a new secret made", path.string());
+    // Only a missing secret is made anew: one that cannot be read would be
+    // replaced, and replicas sharing this directory would lose their shared
+    // salts without a word. A socket cannot be opened at all (ENXIO).
+    if (fd == kNotRegular || (fd < 0 && errno == ENXIO))
+      fail("{} is not a regular file; remove it to have a new secret made", path.string());
+    if (fd < 0 && errno != ENOENT) fail("cannot read {}: {}", path.string(), std::strerror(errno));
     if (fd < 0) return std::nullopt;
     char buf[64];
     const ssize_t n = ::read(fd, buf, sizeof buf);
