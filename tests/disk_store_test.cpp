@@ -208,6 +208,20 @@ TEST_F(DiskStoreTest, ADirectoryRemovedBehindItsBackIsMadeAgain) {
 // A FIFO under a block's name: read as a FIFO it returned 0 bytes as a hit
 // (and with no writer, open(2) blocked the engine thread forever). The test
 // holds the FIFO open for writing so the unfixed store fails instead of hanging.
+// A Unix socket bound at path (its descriptor), or -1.
+int bind_socket(const std::string& path) {
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (sock < 0 || path.size() >= sizeof addr.sun_path) return -1;
+  std::strcpy(addr.sun_path, path.c_str());
+  if (::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(sock);
+    return -1;
+  }
+  return sock;
+}
+
 TEST_F(DiskStoreTest, AFifoUnderABlocksNameIsAnErrorAndRemoved) {
   DiskStore s(options(1 << 20));
   put_blocks(s, {0, 1}, 100);
@@ -218,6 +232,22 @@ TEST_F(DiskStoreTest, AFifoUnderABlocksNameIsAnErrorAndRemoved) {
   ASSERT_GE(writer, 0);
   EXPECT_FALSE(s.get(keys_of({0}))[0]);
   ::close(writer);
+  EXPECT_EQ(s.stats().errors, 1u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(path)));
+  EXPECT_EQ(s.contains(keys_of({0, 1})), (std::vector<bool>{false, true}));
+}
+
+// A socket cannot even be opened (ENXIO): it failed every read and stayed.
+TEST_F(DiskStoreTest, ASocketUnderABlocksNameIsAnErrorAndRemoved) {
+  DiskStore s(options(1 << 20));
+  put_blocks(s, {0, 1}, 100);
+  const std::string path = s.path_of(key_of(0));
+  fs::remove(path);
+  const int sock = bind_socket(path);
+  ASSERT_GE(sock, 0) << path;
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  EXPECT_FALSE(s.get(keys_of({0}))[0]);
+  ::close(sock);
   EXPECT_EQ(s.stats().errors, 1u);
   EXPECT_FALSE(fs::exists(fs::symlink_status(path)));
   EXPECT_EQ(s.contains(keys_of({0, 1})), (std::vector<bool>{false, true}));
@@ -279,13 +309,8 @@ TEST_F(DiskStoreTest, ASecretThatIsNoRegularFileIsRefused) {
 TEST_F(DiskStoreTest, ASecretThatIsASocketIsRefusedNotReplaced) {
   DiskStore s(options(1 << 20));
   const std::string path = dir_ + "/tier/tenant.secret";
-  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  const int sock = bind_socket(path);
   ASSERT_GE(sock, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  ASSERT_LT(path.size(), sizeof addr.sun_path);
-  std::strcpy(addr.sun_path, path.c_str());
-  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
   try {
     (void)s.kept_secret();
     ADD_FAILURE() << "a socket was taken for a missing secret";

@@ -67,10 +67,11 @@ constexpr int kNotRegular = -2;
 // Opens `path` for reading if it is a regular file: -1 with errno set when it
 // cannot be opened, kNotRegular when it is something else. O_NONBLOCK because
 // a plain open of a FIFO waits for a writer forever (on the engine thread);
-// on a regular file the flag changes nothing.
+// on a regular file the flag changes nothing. A socket cannot be opened at
+// all (ENXIO): it is something else too.
 int open_regular(const char* path) {
   const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return -1;
+  if (fd < 0) return errno == ENXIO ? kNotRegular : -1;
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -112,8 +113,8 @@ std::optional<std::string> DiskStore::kept_secret() {
     const int fd = open_regular(path.c_str());
     // Only a missing secret is made anew: one that cannot be read would be
     // replaced, and replicas sharing this directory would lose their shared
-    // salts without a word. A socket cannot be opened at all (ENXIO).
-    if (fd == kNotRegular || (fd < 0 && errno == ENXIO))
+    // salts without a word.
+    if (fd == kNotRegular)
       fail("{} is not a regular file; remove it to have a new secret made", path.string());
     if (fd < 0 && errno != ENOENT) fail("cannot read {}: {}", path.string(), std::strerror(errno));
     if (fd < 0) return std::nullopt;
