@@ -264,9 +264,11 @@ CLI::Validator finite_in(double min, double max, bool above_min, bool infinity_o
       "NUMBER");
 }
 
-void print_json(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+std::string json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+void print_json(const nlohmann::json& j) { std::printf("%s\n", json_text(j).c_str()); }
 
 nlohmann::json kv_stats_json(const KvStats& s) {
   return {

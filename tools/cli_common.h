@@ -79,6 +79,8 @@ CLI::Validator finite_in(double min, double max = std::numeric_limits<double>::m
 // byte token that ends mid-character, a path) becomes U+FFFD, as the server
 // writes it, instead of failing after the work is done.
 void print_json(const nlohmann::json& j);
+// j as compact JSON text, invalid UTF-8 replaced the same way.
+std::string json_text(const nlohmann::json& j);
 
 // KV sparsity flags (issue 4) of generate, perplexity and bench; defined in
 // cli_sparsity.cpp.

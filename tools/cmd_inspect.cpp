@@ -38,7 +38,7 @@ void run(const CommonOptions& o) {
     print_json(j);
     return;
   }
-  for (auto& [key, value] : j.items()) std::printf("%-22s %s\n", key.c_str(), value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  for (auto& [key, value] : j.items()) std::printf("%-22s %s\n", key.c_str(), json_text(value).c_str());
 }
 
 }  // namespace

@@ -1,9 +1,7 @@
 // kvserve tokenize: token ids of a file's text.
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <string_view>
 
 #include "model/gguf_reader.h"
 #include "tools/cli_common.h"
@@ -24,9 +22,7 @@ void run(const TokenizeArgs& a) {
   std::optional<Tokenizer> tok;
   if (a.common.tokenizer_path.empty()) {
     // A llama2.c checkpoint holds no vocabulary: say what to pass, not "bad magic".
-    char magic[4] = {};
-    std::ifstream(a.common.model_path, std::ios::binary).read(magic, 4);
-    if (std::string_view(magic, 4) != "GGUF" && std::filesystem::is_regular_file(a.common.model_path))
+    if (!has_gguf_magic(a.common.model_path))
       fail("{}: not a GGUF file, so no vocabulary inside (a llama2.c checkpoint's is a separate file); pass "
            "--tokenizer PATH",
            a.common.model_path);

@@ -617,10 +617,7 @@ void Engine::publish_stats() {
   local_.waiting = int32_t(scheduler_.num_waiting());
   local_.kv = cache_.stats();
   if (prefix_) local_.prefix = prefix_->stats();
-  if (store_) {
-    local_.tier = store_->stats();
-    local_.tier_blocks_written = int64_t(local_.tier.written);  // the engine is the store's only put() caller
-  }
+  // The tiers' counters are read by stats() when asked, not every step.
   waiting_.store(local_.waiting);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const int64_t rejected = stats_.requests_rejected;  // counted by submit, under this mutex
@@ -638,8 +635,9 @@ EngineStats Engine::stats() const {
   }
   // The tiers' writer runs on while the engine idles: read its counters now,
   // not as of the last step.
-  // Written is capped by queued, which is as of the last step: blocks the
-  // writer stored from a step not yet published show at the next one.
+  // Written (the engine is the store's only put() caller) is capped by
+  // queued, which is as of the last step: blocks the writer stored from a
+  // step not yet published show at the next one.
   if (store_) {
     s.tier = store_->stats();
     s.tier_blocks_written = std::min(int64_t(s.tier.written), s.tier_blocks_queued);

@@ -182,10 +182,21 @@ std::optional<WeightType> weight_type_from_ggml(uint32_t ggml_type) {
   return std::nullopt;
 }
 
+bool has_gguf_magic(const uint8_t* data, size_t size) {
+  uint32_t magic = 0;
+  if (size >= sizeof magic) std::memcpy(&magic, data, sizeof magic);
+  return magic == kGgufMagic;
+}
+
+bool has_gguf_magic(const std::string& path) {
+  const MappedFile file(path);
+  return has_gguf_magic(file.data(), file.size());
+}
+
 GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>(path)) {
   Cursor c(file_->data(), file_->size(), path);
-  if (file_->size() < 4 || c.read<uint32_t>("magic") != kGgufMagic)
-    fail("{}: not a GGUF file (bad magic)", path);
+  if (!has_gguf_magic(file_->data(), file_->size())) fail("{}: not a GGUF file (bad magic)", path);
+  (void)c.read<uint32_t>("magic");  // past it
   version_ = c.read<uint32_t>("version");
   if (version_ != 2 && version_ != 3) fail("{}: unsupported GGUF version {} (need 2 or 3)", path, version_);
   uint64_t n_tensors = c.read<uint64_t>("tensor count");

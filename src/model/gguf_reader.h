@@ -45,6 +45,11 @@ struct GgufTensorInfo {
   const uint8_t* data = nullptr;
 };
 
+// Whether bytes start with the GGUF magic; the path form maps the file
+// (throws kvserve::Error when it cannot be opened).
+bool has_gguf_magic(const uint8_t* data, size_t size);
+bool has_gguf_magic(const std::string& path);
+
 class GgufFile {
  public:
   // Opens, maps and parses the header, metadata and tensor table.

@@ -17,7 +17,6 @@
 namespace kvserve {
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;        // "GGUF"
 constexpr uint32_t kLlama2cVersionMagic = 0x616b3432;  // "ak42": llama2.c's versioned export
 
 WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
@@ -86,13 +85,13 @@ const Tokenizer& Model::require_tokenizer() const {
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
   auto model = std::make_unique<Model>();
   model->path_ = path;
-  uint32_t magic = 0;
+  bool gguf = false;
   {
     MappedFile probe(path);
     if (probe.size() < 4) fail("{}: file is too small to be a checkpoint ({} bytes)", path, probe.size());
-    std::memcpy(&magic, probe.data(), 4);
+    gguf = has_gguf_magic(probe.data(), probe.size());
   }
-  if (magic == kGgufMagic) {
+  if (gguf) {
     model->load_gguf(path);
   } else {
     model->load_llama2c(path);
@@ -100,13 +99,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
   model->interleave_weights();
   if (!tokenizer_path.empty()) {
     // A GGUF file can serve as a tokenizer too (a vocab-only GGUF, say).
-    uint32_t tok_magic = 0;
-    {
-      MappedFile probe(tokenizer_path);
-      if (probe.size() >= 4) std::memcpy(&tok_magic, probe.data(), 4);
-    }
-    Vocab vocab = tok_magic == kGgufMagic ? load_gguf_vocab(GgufFile(tokenizer_path))
-                                          : load_llama2c_vocab(tokenizer_path, model->config_.vocab_size);
+    Vocab vocab = has_gguf_magic(tokenizer_path) ? load_gguf_vocab(GgufFile(tokenizer_path))
+                                                 : load_llama2c_vocab(tokenizer_path, model->config_.vocab_size);
     model->tokenizer_.emplace(std::move(vocab));
   }
   if (model->tokenizer_ && model->tokenizer_->vocab_size() != model->config_.vocab_size)

@@ -53,16 +53,21 @@ inline uint8_t round_minifloat_magnitude(float a) {
   return uint8_t((biased << M) | q);
 }
 
-// Rounds to nearest even; magnitudes above 448 (and infinities) saturate to
-// +-448, as vLLM's conversion does: a KV value that large is still kept as
-// the largest one the type has. NaN stays NaN.
-inline fp8_t fp32_to_fp8(float f) {
-  const fp8_t sign = std::signbit(f) ? 0x80 : 0x00;
+// f as an 8-bit minifloat (sign bit 0x80): rounded to nearest even, NaN as
+// nan_code, magnitudes from max_value up (infinities too) saturated to
+// max_code, the largest finite one, as vLLM's saturating conversions do: a
+// KV value that large is still kept as the largest one the type has.
+template <int M, int Bias>
+inline uint8_t fp32_to_minifloat(float f, float max_value, uint8_t max_code, uint8_t nan_code) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
   const float a = std::fabs(f);
-  if (std::isnan(f)) return fp8_t(sign | 0x7F);
-  if (a >= 448.0f) return fp8_t(sign | 0x7E);
-  return fp8_t(sign | round_minifloat_magnitude<3, 7>(a));
+  if (std::isnan(f)) return uint8_t(sign | nan_code);
+  if (a >= max_value) return uint8_t(sign | max_code);
+  return uint8_t(sign | round_minifloat_magnitude<M, Bias>(a));
 }
+
+// Saturates at +-448; NaN is 0x7F.
+inline fp8_t fp32_to_fp8(float f) { return fp32_to_minifloat<3, 7>(f, 448.0f, 0x7E, 0x7F); }
 
 // The E4M3 bits moved into an FP16's (exponent over exponent, mantissa over
 // the mantissa's top bits) read as that FP16 times 2^8: normals and
@@ -81,16 +86,9 @@ inline float fp8_to_fp32(fp8_t b) {
 // E4M3's.
 using fp8_e5m2_t = uint8_t;
 
-// Rounds to nearest even (from the FP32 value: rounding through FP16 first
-// would round twice); finite magnitudes above 57344 and infinities saturate
-// to +-57344, as vLLM's saturating conversion does. NaN stays NaN.
-inline fp8_e5m2_t fp32_to_fp8_e5m2(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  const float a = std::fabs(f);
-  if (std::isnan(f)) return fp8_e5m2_t(sign | 0x7E);
-  if (a >= 57344.0f) return fp8_e5m2_t(sign | 0x7B);
-  return fp8_e5m2_t(sign | round_minifloat_magnitude<2, 15>(a));
-}
+// From the FP32 value (rounding through FP16 first would round twice);
+// saturates at +-57344; NaN is 0x7E (FP16's quiet NaN's top byte).
+inline fp8_e5m2_t fp32_to_fp8_e5m2(float f) { return fp32_to_minifloat<2, 15>(f, 57344.0f, 0x7B, 0x7E); }
 
 // Exact: the byte is an FP16's top byte.
 inline float fp8_e5m2_to_fp32(fp8_e5m2_t b) { return fp16_to_fp32(fp16_t(uint16_t(b) << 8)); }
