@@ -33,7 +33,6 @@ void run(CalibrateArgs a) {
   // The candidates' layout comes from the usual KV flags (grouping, groups,
   // residual, block size); calibration itself is not read here.
   CommonOptions layout = a.common;
-  layout.kv_calibration.clear();
   layout.kv_scales.clear();
   if (layout.kv_k_grouping.empty() && layout.kv_grouping.empty()) layout.kv_k_grouping = "channel";
   a.calib.layout = kv_options(layout, *model, /*refuse_unused=*/false);

@@ -32,7 +32,7 @@ void run(const CommonOptions& o) {
       {"kv_dtype", kv_description(cache)},
       {"kv_bytes_per_token", kv.bytes_per_token},
       // Whole blocks, as allocated: bytes_per_token is rounded down (int2-small: 127.5 B).
-      {"kv_bytes_full_context", (int64_t(c.seq_len) + kv.block_size - 1) / kv.block_size * kv.bytes_per_block},
+      {"kv_bytes_full_context", int64_t(cache.blocks_for(c.seq_len)) * kv.bytes_per_block},
   };
   if (o.json) {
     print_json(j);

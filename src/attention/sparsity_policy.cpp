@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "attention/ann_policy.h"
 #include "attention/h2o_policy.h"
 #include "attention/snapkv_policy.h"
@@ -22,8 +24,9 @@ class FullPolicy final : public SparsityPolicy {
 
 SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache) {
   const std::string& p = o.policy;
-  if (p != "full" && p != "window" && p != "sinks" && p != "h2o" && p != "snapkv" && p != "topk" && p != "ann")
-    fail("unknown --kv-policy '{}' (expected {})", p, fmt::join(sparsity_policy_names(), ", "));
+  const std::vector<std::string> names = sparsity_policy_names();
+  if (std::find(names.begin(), names.end(), p) == names.end())
+    fail("unknown --kv-policy '{}' (expected {})", p, fmt::join(names, ", "));
   // A knob the policy does not read is an error, not silently ignored.
   const bool evicting_or_ann = p != "full" && p != "topk";
   if (p == "full" && o.budget != 0) fail("--kv-budget applies to a sparsity policy (--kv-policy full keeps every token)");
@@ -85,7 +88,6 @@ SparsityOptions resolve_sparsity_options(SparsityOptions o, const KvCache& cache
 SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& cache, int32_t chunk) {
   const SparsityOptions o = resolve_sparsity_options(options, cache);
   SparsityLimits limits;
-  limits.budget = o.budget;
   if (o.policy == "full" || o.policy == "topk" || o.policy == "ann") return limits;  // every token stays
   // An evicting policy holds its budget, the chunk it has just appended and
   // the dead slots it tolerates before compacting.

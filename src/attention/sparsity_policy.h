@@ -181,9 +181,6 @@ struct SparsityLimits {
   // Positions are bounded by the cache rather than the text (sinks), so
   // the sequence may run past the model's context length.
   bool unbounded_positions = false;
-  // The resolved budget (0 under full): with unbounded positions a chunk
-  // reaches position budget + chunk before the policy evicts.
-  int32_t budget = 0;
 };
 SparsityLimits sparsity_limits(const SparsityOptions& options, const KvCache& cache, int32_t chunk);
 // Dead slots an evicting policy leaves before it compacts its table.

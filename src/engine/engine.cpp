@@ -283,10 +283,10 @@ SequenceFootprint Engine::footprint(const SparsityOptions& sparsity, int64_t pro
   // plus the chunk being written: past the context, the forward pass would
   // refuse mid-generation.
   const int32_t ctx = model_.config().seq_len;
-  if (fp.unbounded_positions && total > ctx && int64_t(limits.budget) + chunk > ctx)
+  if (fp.unbounded_positions && total > ctx && int64_t(s.budget) + chunk > ctx)
     fail("with positions within the cache, a budget of {} and a prompt chunk of {} tokens reach position {}, past "
          "the context length of {}; lower the budget (or the prefill chunk)",
-         limits.budget, chunk, int64_t(limits.budget) + chunk, ctx);
+         s.budget, chunk, int64_t(s.budget) + chunk, ctx);
   return fp;
 }
 

@@ -22,7 +22,7 @@ GenerateResult generate(Transformer& transformer, KvCache& cache, const std::vec
     // Positions within the cache run up to the live tokens (at most the
     // budget) plus the chunk being written, before the policy evicts: smaller
     // prompt chunks keep them inside the context.
-    const int32_t budget = limits.budget;
+    const int32_t budget = options.sparsity.budget;  // resolving never changes it
     if (budget >= c.seq_len)
       fail("with positions within the cache, --kv-budget {} leaves no room in the context length of {} for a new "
            "token; lower --kv-budget", budget, c.seq_len);

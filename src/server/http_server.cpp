@@ -512,11 +512,12 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
                                        e.what(), engine_.options().sparsity.policy, engine_.options().sparsity.policy),
                            param, "unsupported_kv_config");
   }
+  const std::string& limit_param = cr.max_tokens ? cr.max_tokens_param : param;  // the field the client sent
   if (max_tokens < (cr.prompt_only ? 0 : 1) || (n + max_tokens > context_length_ && !fp.unbounded_positions))
     return invalid_request(fmt::format("this model's context length is {} tokens; the request asks for {} prompt + "
                                        "{} completion tokens = {}",
                                        context_length_, n, max_tokens, n + max_tokens),
-                           cr.max_tokens ? cr.max_tokens_param : param, "context_length_exceeded");
+                           limit_param, "context_length_exceeded");
   if (fp.held_tokens > kv_capacity_tokens_)
     return invalid_request(fmt::format("the server's KV cache holds {} tokens; the request needs {} prompt + {} "
                                        "completion tokens = {}{}",
@@ -524,7 +525,7 @@ std::optional<ApiError> HttpServer::prepare(const CompletionRequest& cr, size_t 
                                        fp.held_tokens < n + max_tokens
                                            ? fmt::format(", of which its KV policy keeps {}", fp.held_tokens)
                                            : ""),
-                           cr.max_tokens ? cr.max_tokens_param : param, "context_length_exceeded");
+                           limit_param, "context_length_exceeded");
   if (cr.min_tokens > max_tokens)
     return invalid_request(fmt::format("'min_tokens' ({}) is more than {} ({})", cr.min_tokens,
                                        cr.max_tokens ? cr.max_tokens_param : "max_tokens", max_tokens),
