@@ -544,12 +544,25 @@ TEST(GgufVocab, FindsEndOfTurnTokens) {
   });
   EXPECT_EQ(chat.end_of_turn_ids, (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(Tokenizer(chat).end_of_generation_ids(), (std::vector<int32_t>{2, 4, 5}));
-  // A GGUF may name its end of turn; an id outside the vocabulary is ignored.
+  // A GGUF may name its end of turn; 0xFFFFFFFF names none.
   const Vocab named = load_edited_gguf("named.gguf", [](auto&...) {}, [](GgufWriter& w) {
     w.u32("tokenizer.ggml.eot_token_id", 3);
-    w.u32("tokenizer.ggml.eom_token_id", 99);
+    w.u32("tokenizer.ggml.eom_token_id", 0xFFFFFFFFu);
   });
   EXPECT_EQ(named.end_of_turn_ids, std::vector<int32_t>{3});
+}
+
+// A named end of turn outside the vocabulary is an error, as a BOS or EOS
+// one is: ignored, generation would run past every turn's end.
+TEST(GgufVocab, EndOfTurnIdOutsideVocabularyIsAnError) {
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    SCOPED_TRACE(key);
+    for (uint32_t id : {4u, 99u}) {
+      expect_error_containing([&] {
+        (void)load_edited_gguf("eot_range.gguf", [](auto&...) {}, [&](GgufWriter& w) { w.u32(key, id); });
+      }, std::string(key) + " = " + std::to_string(id) + " is outside the vocabulary of 4");
+    }
+  }
 }
 
 // tokenizer.ggml.pre picks a "gpt2" vocabulary's split; an unknown one is an

@@ -82,20 +82,18 @@ constexpr std::string_view kEndOfTurnPieces[] = {
     "<|end_of_text|>", "<EOT>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
 };
 
-// The end-of-turn ids a GGUF names or spells, EOS left out.
-std::vector<int32_t> find_end_of_turn_ids(const Vocab& v, const GgufFile& file) {
+// The end-of-turn ids: `named_ids` (those the GGUF's keys name, in range),
+// then the control tokens spelled like one; EOS left out.
+std::vector<int32_t> find_end_of_turn_ids(const Vocab& v, const std::vector<int32_t>& named_ids) {
   std::vector<int32_t> ids;
-  auto add = [&](int64_t id) {
-    if (id >= 0 && id < int64_t(v.tokens.size()) && id != v.eos_id &&
-        std::find(ids.begin(), ids.end(), int32_t(id)) == ids.end())
-      ids.push_back(int32_t(id));
+  auto add = [&](int32_t id) {
+    if (id != v.eos_id && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   };
-  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
-    if (file.has(key)) add(file.get_int(key));
+  for (int32_t id : named_ids) add(id);
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.types[i] != TokenType::Control && v.types[i] != TokenType::UserDefined) continue;
     for (std::string_view piece : kEndOfTurnPieces)
-      if (v.tokens[i] == piece) add(int64_t(i));
+      if (v.tokens[i] == piece) add(int32_t(i));
   }
   return ids;
 }
@@ -341,8 +339,9 @@ Vocab load_gguf_vocab(const GgufFile& file) {
   }
 
   // Ids are stored as u32, with 0xFFFFFFFF (or -1) for "none", which only unk
-  // may be. A GPT-2 vocabulary has no conventional BOS/EOS ids, so it must
-  // name them; SentencePiece ones default to llama's 1, 2 and 0.
+  // and the end-of-turn ids may be. A GPT-2 vocabulary has no conventional
+  // BOS/EOS ids, so it must name them; SentencePiece ones default to llama's
+  // 1, 2 and 0.
   auto read_id = [&](const std::string& key, std::optional<int64_t> fallback) {
     int64_t id = fallback ? file.get_int_or(key, *fallback) : file.get_int(key);
     if (id == -1 || id == 0xFFFFFFFF) return int32_t(-1);
@@ -354,7 +353,12 @@ Vocab load_gguf_vocab(const GgufFile& file) {
   v.unk_id = read_id("tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
   v.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", spm);
   v.add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", spm);
-  v.end_of_turn_ids = find_end_of_turn_ids(v, file);
+  // An end-of-turn id outside the vocabulary is an error like a BOS or EOS
+  // one: ignored, generation ran past the turn's end to the context length.
+  std::vector<int32_t> named_end_of_turn_ids;
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (int32_t id = read_id(key, -1); id != -1) named_end_of_turn_ids.push_back(id);
+  v.end_of_turn_ids = find_end_of_turn_ids(v, named_end_of_turn_ids);
   validate(v, path);
   return v;
 }
