@@ -400,6 +400,34 @@ TEST(ModelLoader, GgufWithWrongShapeNamesTheTensor) {
   expect_error_containing([&] { (void)Model::load(path); }, "tensor 'blk.0.attn_k.weight' has shape [8, 8], expected [8, 4]");
 }
 
+// A head count that divides the width but not as the weights were cut gives
+// another head dimension: the message names the keys and the tensor.
+TEST(ModelLoader, GgufHeadCountInconsistentWithTensorsNamesBoth) {
+  const std::string path = temp_path("heads_vs_tensors.gguf");
+  TinyGguf g;  // head_count 4 (head dimension 2), but attn_k cut for 1 KV head of 4
+  g.heads = 4;
+  g.wk_dims = {8, 4};
+  g.write(path);
+  expect_error_containing([&] { (void)Model::load(path); },
+                          "tensor 'blk.0.attn_k.weight' has shape [8, 4], expected [8, 2]: "
+                          "llama.attention.head_count = 4 gives a head dimension of 2 (llama.embedding_length 8 / 4), "
+                          "times llama.attention.head_count_kv = 1; a head count is inconsistent");
+  // With llama.rope.dimension_count, the tensor is still what is named first.
+  GgufWriter rope;
+  rope.set_u32("llama.rope.dimension_count", 4);
+  g.write(path, rope);
+  expect_error_containing([&] { (void)Model::load(path); }, "llama.attention.head_count = 4 gives a head dimension");
+  // Both counts doubled (4 and 2 for 2 and 1) still fit attn_k's 4 rows; the
+  // RoPE width is what shows it, and its message names the head count.
+  TinyGguf fits;
+  fits.heads = 4;
+  fits.kv_heads = 2;
+  fits.write(path, rope);
+  expect_error_containing([&] { (void)Model::load(path); },
+                          "llama.rope.dimension_count = 4 but the head dimension is 2 (llama.embedding_length 8 / "
+                          "llama.attention.head_count 4): a wrong head_count");
+}
+
 TEST(ModelLoader, GgufConfigErrors) {
   auto expect_config_error = [](const std::string& name, GgufWriter extra, TinyGguf g, const std::string& needle) {
     const std::string path = temp_path(name);
@@ -408,7 +436,12 @@ TEST(ModelLoader, GgufConfigErrors) {
   };
   TinyGguf bad_heads;
   bad_heads.heads = 3;
-  expect_config_error("heads.gguf", GgufWriter(), bad_heads, "dim 8 is not a multiple of n_heads 3");
+  expect_config_error("heads.gguf", GgufWriter(), bad_heads,
+                      "llama.attention.head_count = 3 does not divide llama.embedding_length = 8");
+  TinyGguf bad_kv_heads;
+  bad_kv_heads.kv_heads = 4;
+  expect_config_error("kv_heads.gguf", GgufWriter(), bad_kv_heads,
+                      "llama.attention.head_count = 2 is not a multiple of llama.attention.head_count_kv = 4");
   TinyGguf zero_seq;
   zero_seq.seq = 0;
   expect_config_error("seq0.gguf", GgufWriter(), zero_seq, "seq_len = 0 is out of range");

@@ -30,6 +30,21 @@ int32_t narrow_i32(const std::string& path, const std::string& key, int64_t v) {
   return int32_t(v);
 }
 
+// The head counts are metadata only the key projection can confirm: a wrong
+// llama.attention.head_count changes the head dimension, and with it the
+// rows attn_k should have (n_kv_heads * head_dim). Checked before RoPE, which
+// reads the head dimension too, so the message names the head counts.
+void check_head_counts(const GgufFile& f, const ModelConfig& c) {
+  const GgufTensorInfo* wk = f.find_tensor("blk.0.attn_k.weight");
+  // A missing or otherwise malformed one: matrix() names it.
+  if (wk == nullptr || wk->dims.size() != 2 || wk->dims[0] != c.dim || wk->dims[1] == c.kv_dim()) return;
+  fail("{}: tensor 'blk.0.attn_k.weight' has shape [{}, {}], expected [{}, {}]: llama.attention.head_count = {} "
+       "gives a head dimension of {} (llama.embedding_length {} / {}), times llama.attention.head_count_kv = {}; "
+       "a head count is inconsistent with the tensor's shape",
+       f.path(), wk->dims[0], wk->dims[1], c.dim, c.kv_dim(), c.n_heads, c.head_dim(), c.dim, c.n_heads,
+       c.n_kv_heads);
+}
+
 }  // namespace
 
 Model::Model() = default;
@@ -166,10 +181,21 @@ void Model::load_gguf(const std::string& path) {
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (emb == nullptr || emb->dims.size() != 2) fail("{}: missing or malformed token_embd.weight", path);
   c.vocab_size = int_key_or("llama.vocab_size", emb->dims[1]);
+  // validate() names ModelConfig's fields; a GGUF's user looks for the keys.
+  if (c.dim > 0 && c.n_heads > 0 && c.dim % c.n_heads != 0)
+    fail("{}: llama.attention.head_count = {} does not divide llama.embedding_length = {} into whole heads", path,
+         c.n_heads, c.dim);
+  if (c.n_heads > 0 && c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads != 0)
+    fail("{}: llama.attention.head_count = {} is not a multiple of llama.attention.head_count_kv = {}", path,
+         c.n_heads, c.n_kv_heads);
   c.validate(path);
+  check_head_counts(f, c);
   int64_t rope_dims = f.get_int_or("llama.rope.dimension_count", c.head_dim());
   if (rope_dims != c.head_dim())
-    fail("{}: partial rotary embedding ({} of {} dims) is not supported", path, rope_dims, c.head_dim());
+    fail("{}: llama.rope.dimension_count = {} but the head dimension is {} (llama.embedding_length {} / "
+         "llama.attention.head_count {}): a wrong head_count, or partial rotary embedding ({} of {} dims), which "
+         "is not supported",
+         path, rope_dims, c.head_dim(), c.dim, c.n_heads, rope_dims, c.head_dim());
   // RoPE scaling changes every position's rotation: refused, not ignored
   // (ignored, a linear or Llama-3.1 scaled model loaded and ran unscaled).
   const std::string scaling = f.get_string_or("llama.rope.scaling.type", "none");
