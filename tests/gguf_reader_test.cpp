@@ -405,7 +405,12 @@ TEST(GgufReader, MatrixChecksShapeAndName) {
   GgufFile f(path);
   EXPECT_EQ(f.matrix("m", 2, 4).rows, 2);
   expect_error_containing([&] { (void)f.matrix("m", 3, 4); }, "tensor 'm' has shape [4, 2], expected [4, 3]");
-  expect_error_containing([&] { (void)f.matrix("m", 4, 2); }, "has shape [4, 2], expected [2, 4]");
+  expect_error_containing([&] { (void)f.matrix("m", 4, 2); }, "has shape [4, 2], expected [2, 4]: it appears transposed");
+  try {
+    (void)f.matrix("m", 3, 4);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("transposed"), std::string::npos) << e.what();
+  }
   expect_error_containing([&] { (void)f.matrix("h", 1, 32); }, "tensor 'h' has shape [32]");
   expect_error_containing([&] { (void)f.matrix("nope", 1, 1); }, "missing tensor 'nope'");
   expect_error_containing([&] { (void)f.vector_f32("m", 8); }, "tensor 'm' has shape [4, 2], expected [8]");

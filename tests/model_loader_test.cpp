@@ -349,7 +349,8 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
 // A GGUF `llama` checkpoint with tensors of the given shapes, no vocabulary.
 struct TinyGguf {
   int64_t dim = 8, hidden = 16, layers = 1, heads = 2, kv_heads = 1, vocab = 4, seq = 16;
-  std::vector<int64_t> wk_dims;  // empty: the right {dim, kv_dim}
+  std::vector<int64_t> wk_dims;   // empty: the right {dim, kv_dim}
+  std::vector<int64_t> emb_dims;  // empty: the right {dim, vocab}
 
   void write(const std::string& path, GgufWriter w = GgufWriter()) const {
     w.set_string("general.architecture", "llama");
@@ -365,7 +366,7 @@ struct TinyGguf {
       for (int64_t d : dims) n *= d;
       w.add_tensor(name, dims, GgmlType::F32, std::vector<uint8_t>(size_t(n) * 4, 0));
     };
-    f32("token_embd.weight", {dim, vocab});
+    f32("token_embd.weight", emb_dims.empty() ? std::vector<int64_t>{dim, vocab} : emb_dims);
     f32("output_norm.weight", {dim});
     for (int64_t l = 0; l < layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
@@ -426,6 +427,27 @@ TEST(ModelLoader, GgufHeadCountInconsistentWithTensorsNamesBoth) {
   expect_error_containing([&] { (void)Model::load(path); },
                           "llama.rope.dimension_count = 4 but the head dimension is 2 (llama.embedding_length 8 / "
                           "llama.attention.head_count 4): a wrong head_count");
+}
+
+// GGUF lists dims innermost first: an embedding written [vocab, dim] is
+// named as transposed, whether or not llama.vocab_size is given.
+TEST(ModelLoader, GgufTransposedEmbeddingIsNamed) {
+  const std::string path = temp_path("emb_transposed.gguf");
+  TinyGguf g;
+  g.emb_dims = {4, 8};
+  g.write(path);
+  const std::string transposed =
+      "tensor 'token_embd.weight' has shape [4, 8]: it appears transposed (expected [8, 4]: "
+      "llama.embedding_length first, then the vocabulary size)";
+  expect_error_containing([&] { (void)Model::load(path); }, transposed);
+  GgufWriter vocab;
+  vocab.set_u32("llama.vocab_size", 4);
+  g.write(path, vocab);
+  expect_error_containing([&] { (void)Model::load(path); }, transposed);
+  g.emb_dims = {5, 3};
+  g.write(path);
+  expect_error_containing([&] { (void)Model::load(path); },
+                          "tensor 'token_embd.weight' has shape [5, 3], expected [8, vocabulary size]");
 }
 
 TEST(ModelLoader, GgufConfigErrors) {

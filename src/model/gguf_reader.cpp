@@ -334,9 +334,13 @@ WeightMatrix GgufFile::matrix(const std::string& name, int64_t rows, int64_t col
   auto type = weight_type_from_ggml(t->ggml_type);
   if (!type) fail("{}: tensor '{}' has unsupported type {} (kvserve reads F32, F16, Q8_0, Q4_0)",
                   path(), name, t->ggml_type);
-  if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows)
-    fail("{}: tensor '{}' has shape [{}], expected [{}, {}]", path(), name,
-         fmt::join(t->dims, ", "), cols, rows);
+  if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
+    // GGUF lists dims innermost first; a matrix written in the other order
+    // shows as the expected dims swapped.
+    const bool transposed = t->dims.size() == 2 && t->dims[0] == rows && t->dims[1] == cols;
+    fail("{}: tensor '{}' has shape [{}], expected [{}, {}]{}", path(), name, fmt::join(t->dims, ", "), cols, rows,
+         transposed ? ": it appears transposed" : "");
+  }
   return WeightMatrix{*type, t->data, rows, cols};
 }
 

@@ -189,6 +189,18 @@ void Model::load_gguf(const std::string& path) {
     fail("{}: llama.attention.head_count = {} is not a multiple of llama.attention.head_count_kv = {}", path,
          c.n_heads, c.n_kv_heads);
   c.validate(path);
+  // GGUF lists dims innermost first: [dim, vocab]. A transposed embedding
+  // gives its dim as the vocabulary size above, and matrix() then compared
+  // [vocab, dim] with [dim, dim], a message naming neither cause.
+  if (emb->dims[0] != c.dim) {
+    if (emb->dims[1] == c.dim)
+      fail("{}: tensor 'token_embd.weight' has shape [{}, {}]: it appears transposed (expected [{}, {}]: "
+           "llama.embedding_length first, then the vocabulary size)",
+           path, emb->dims[0], emb->dims[1], c.dim, emb->dims[0]);
+    fail("{}: tensor 'token_embd.weight' has shape [{}, {}], expected [{}, vocabulary size] (llama.embedding_length "
+         "= {})",
+         path, emb->dims[0], emb->dims[1], c.dim, c.dim);
+  }
   check_head_counts(f, c);
   int64_t rope_dims = f.get_int_or("llama.rope.dimension_count", c.head_dim());
   if (rope_dims != c.head_dim())
