@@ -875,6 +875,60 @@ TEST_F(EnginePrefixTest, TenantsNeverShareBlocks) {
   EXPECT_GT(shared.out.at(shared.ids[1]).usage.cached_tokens, 0);
 }
 
+// A returning conversation resends its previous turn, prompt and completion.
+// Resent as the same tokens, every preset hits all of the turn's full blocks
+// on the next send: a finishing sequence keeps the FP16 form of the blocks
+// still in its residual window (PrefixCache::release), the only ones a query
+// after the boundary reads in FP16. Resent with a token changed mid-turn (a
+// client re-tokenizing sampled text, a chat template re-rendering the
+// answer), the blocks before the change left the window long ago and lost
+// their FP16 form: a cache with a window longer than one block cannot use
+// them exactly (the encoded form alone gives other logits), so it recomputes
+// them once, and the send after that hits as a float cache does at once.
+// Outputs equal runs without the cache throughout.
+TEST_F(EnginePrefixTest, ReturningConversationHitsItsPreviousTurn) {
+  for (const char* preset : {"fp16", "int8", "int4", "int2", "int4-small", "int2-small"}) {
+    SCOPED_TRACE(preset);
+    EngineOptions o;
+    o.threads = 1;
+    apply_kv_preset(o.kv, preset);
+    o.kv.num_blocks = 128;
+    const int32_t bs = o.kv.block_size;
+    std::map<RequestId, Collected> out, cold_out;
+    Engine engine(*model, o);
+    o.prefix_caching = false;
+    Engine cold(*model, o);
+    auto send = [&](const std::vector<int32_t>& prompt, int32_t max_tokens) {
+      Request r = request("", max_tokens, out);
+      r.prompt = prompt;
+      r.stop_at_eos = false;
+      const RequestId id = engine.submit(r).id;
+      engine.run_until_idle();
+      r.on_event = request("", 0, cold_out).on_event;
+      const RequestId cold_id = cold.submit(r).id;
+      cold.run_until_idle();
+      EXPECT_EQ(out[id].tokens, cold_out[cold_id].tokens);
+      return out[id];
+    };
+    std::vector<int32_t> turn = tok->encode("Once upon a time, there was a little girl named Lily. She liked to play",
+                                            true);
+    const Collected first = send(turn, 140);  // 140 generated: past 2 blocks of 64
+    turn.insert(turn.end(), first.tokens.begin(), first.tokens.end());
+    // Its last token was sampled, never computed: the cache holds the rest.
+    const int32_t whole = (int32_t(turn.size()) - 1) / bs * bs;
+    std::vector<int32_t> next = turn;
+    const std::vector<int32_t> user = tok->encode(" Then her mom came home.", false);
+    next.insert(next.end(), user.begin(), user.end());
+    EXPECT_EQ(send(next, 8).usage.cached_tokens, whole);
+
+    std::vector<int32_t> changed = next;
+    changed[100] = changed[100] == 300 ? 301 : 300;  // in the completion, past the first 64-token block
+    const bool window = o.kv.residual > bs;          // read FP16 before the boundary
+    EXPECT_EQ(send(changed, 8).usage.cached_tokens, window ? 0 : 100 / bs * bs);
+    EXPECT_EQ(send(changed, 8).usage.cached_tokens, int32_t(changed.size() - 1) / bs * bs);
+  }
+}
+
 }  // namespace
 }  // namespace kvserve
 
