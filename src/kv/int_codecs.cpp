@@ -437,25 +437,25 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       *bias -= kMid * *step * float(total);
     }
   }
-  // The byte kernels' 16-bit sums: (query, four vectors).
-  template <int NQ>
-  static void zero_parts(__m256i (&part)[NQ][4]) {
+  // The byte kernels' 16-bit sums: (query, K vectors).
+  template <int NQ, int K>
+  static void zero_parts(__m256i (&part)[NQ][K]) {
     #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i)
       #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) part[i][k] = _mm256_setzero_si256();
+      for (int k = 0; k < K; ++k) part[i][k] = _mm256_setzero_si256();
   }
   // part[i][k] += each 16-bit lane's two codes (x[k]: tokens t and t + 1)
   // times query i's weights of those tokens, u8 (NQ, n2).
-  template <int NQ>
-  static void add_pair_products(__m256i (&part)[NQ][4], const __m256i* x, const int8_t* u8, int n2, int t) {
+  template <int NQ, int K>
+  static void add_pair_products(__m256i (&part)[NQ][K], const __m256i* x, const int8_t* u8, int n2, int t) {
     #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       int16_t pair;
       std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
       const __m256i w = _mm256_set1_epi16(pair);
       #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) part[i][k] = _mm256_add_epi16(part[i][k], _mm256_maddubs_epi16(x[k], w));
+      for (int k = 0; k < K; ++k) part[i][k] = _mm256_add_epi16(part[i][k], _mm256_maddubs_epi16(x[k], w));
     }
   }
   // NQ (1 to 3) queries' 8-bit weights u8 (NQ, n2) against 4-bit codes, 64
@@ -482,22 +482,14 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       for (int h = 0; h < 2; ++h)
         for (int t0 = 0; t0 < n2; t0 += 16) {
           __m256i part[NQ][2];
-          #pragma GCC unroll 4
-          for (int i = 0; i < NQ; ++i) part[i][0] = part[i][1] = _mm256_setzero_si256();
+          zero_parts(part);
           const int t_end = std::min(n2, t0 + 16);
           for (int t = t0; t < t_end; t += 2) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t) * row));
             const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + size_t(t + 1) * row));
             const __m256i y = h == 0 ? _mm256_unpacklo_epi8(a, b) : _mm256_unpackhi_epi8(a, b);
-            const __m256i x0 = _mm256_and_si256(y, nib), x1 = _mm256_and_si256(_mm256_srli_epi16(y, 4), nib);
-            #pragma GCC unroll 4
-            for (int i = 0; i < NQ; ++i) {
-              int16_t pair;
-              std::memcpy(&pair, u8 + size_t(i) * n2 + t, sizeof pair);
-              const __m256i w = _mm256_set1_epi16(pair);
-              part[i][0] = _mm256_add_epi16(part[i][0], _mm256_maddubs_epi16(x0, w));
-              part[i][1] = _mm256_add_epi16(part[i][1], _mm256_maddubs_epi16(x1, w));
-            }
+            const __m256i x[2] = {_mm256_and_si256(y, nib), _mm256_and_si256(_mm256_srli_epi16(y, 4), nib)};
+            add_pair_products(part, x, u8, n2, t);
           }
           #pragma GCC unroll 4
           for (int i = 0; i < NQ; ++i)
@@ -549,16 +541,24 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       alignas(32) int32_t acc[NQ][64] = {};  // channel order
       const uint8_t* base = codes + size_t(unit) * 16;
       for (int t0 = 0; t0 < n2; t0 += 64) {
+        // Codes 0-1 of each byte in one pass over the tokens, 2-3 in a second
+        // (as the 4-bit kernel's halves: four sums per query spilled).
         __m256i part[NQ][4];
-        zero_parts<NQ>(part);
-        for (int t = t0; t < std::min(n2, t0 + 64); t += 2) {
-          const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t) * row));
-          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t + 1) * row));
-          const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));  // lane p: (a_p, b_p)
-          __m256i c[4];
+        const int t_end = std::min(n2, t0 + 64);
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m256i half[NQ][2];
+          zero_parts(half);
+          for (int t = t0; t < t_end; t += 2) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t) * row));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + size_t(t + 1) * row));
+            const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));  // lane p: (a_p, b_p)
+            const __m256i c[2] = {_mm256_and_si256(_mm256_srli_epi16(x, 4 * h), low2),
+                                  _mm256_and_si256(_mm256_srli_epi16(x, 4 * h + 2), low2)};
+            add_pair_products(half, c, u8, n2, t);
+          }
           #pragma GCC unroll 4
-          for (int k = 0; k < 4; ++k) c[k] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * k), low2);
-          add_pair_products<NQ>(part, c, u8, n2, t);
+          for (int i = 0; i < NQ; ++i) part[i][2 * h] = half[i][0], part[i][2 * h + 1] = half[i][1];
         }
         // Word p of part k is channel 4p + k: a 4 x 16 transpose puts the
         // channels in order (word lanes 0-7 hold p 0..7, lanes 8-15 p 8..15).
