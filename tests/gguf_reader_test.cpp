@@ -408,6 +408,7 @@ TEST(GgufReader, MatrixChecksShapeAndName) {
   expect_error_containing([&] { (void)f.matrix("m", 4, 2); }, "has shape [4, 2], expected [2, 4]: it appears transposed");
   try {
     (void)f.matrix("m", 3, 4);
+    ADD_FAILURE() << "a wrong shape was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).find("transposed"), std::string::npos) << e.what();
   }

@@ -429,6 +429,25 @@ TEST(ModelLoader, GgufHeadCountInconsistentWithTensorsNamesBoth) {
                           "llama.attention.head_count 4): a wrong head_count");
 }
 
+// A head dimension of its own (llama.attention.key_length, as Mistral-Nemo
+// has) is named as unsupported, not blamed on the head count; one equal to
+// embedding_length / head_count loads.
+TEST(ModelLoader, GgufOwnHeadDimensionIsNamedUnsupported) {
+  const std::string path = temp_path("key_length.gguf");
+  TinyGguf g;  // embedding 8, 2 heads: head dimension 4
+  GgufWriter own;
+  own.set_u32("llama.attention.key_length", 2);
+  g.write(path, own);
+  expect_error_containing([&] { (void)Model::load(path); },
+                          "llama.attention.key_length = 2 differs from llama.embedding_length / "
+                          "llama.attention.head_count = 8 / 2 = 4: a head dimension of its own is not supported");
+  GgufWriter same;
+  same.set_u32("llama.attention.key_length", 4);
+  same.set_u32("llama.attention.value_length", 4);
+  g.write(path, same);
+  EXPECT_NO_THROW((void)Model::load(path));
+}
+
 // GGUF lists dims innermost first: an embedding written [vocab, dim] is
 // named as transposed, whether or not llama.vocab_size is given.
 TEST(ModelLoader, GgufTransposedEmbeddingIsNamed) {

@@ -470,8 +470,8 @@ class ChannelCodec final : public KvCodec {
   }
 #if !defined(__AVXVNNI__)
   // score_tile8_bytes on 16 whole tokens (two vectors per octet): each
-  // broadcast query word meets both, a sixth fewer instructions per token
-  // (the key scores took 15% less time on Zen 2).
+  // broadcast query word meets both (the stand-alone tile took 15% less
+  // time on Zen 2 for three queries).
   template <int NQ>
   static void score_tile16_bytes(const uint8_t* head, int bs, int quads, int t0, const int32_t* q8,
                                  const float* step, const float* bias, float scale, float* scores, int stride) {

@@ -35,14 +35,22 @@ int32_t narrow_i32(const std::string& path, const std::string& key, int64_t v) {
 // rows attn_k should have (n_kv_heads * head_dim). Checked before RoPE, which
 // reads the head dimension too, so the message names the head counts.
 void check_head_counts(const GgufFile& f, const ModelConfig& c) {
+  // A head dimension other than embedding_length / head_count (Mistral-Nemo:
+  // 128, not 5120 / 32) is a model kvserve cannot run, not a wrong count.
+  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length"})
+    if (f.has(key) && f.get_int(key) != c.head_dim())
+      fail("{}: {} = {} differs from llama.embedding_length / llama.attention.head_count = {} / {} = {}: a head "
+           "dimension of its own is not supported",
+           f.path(), key, f.get_int(key), c.dim, c.n_heads, c.head_dim());
   const GgufTensorInfo* wk = f.find_tensor("blk.0.attn_k.weight");
   // A missing or otherwise malformed one: matrix() names it.
   if (wk == nullptr || wk->dims.size() != 2 || wk->dims[0] != c.dim || wk->dims[1] == c.kv_dim()) return;
+  const bool kv_named = f.has("llama.attention.head_count_kv");
   fail("{}: tensor 'blk.0.attn_k.weight' has shape [{}, {}], expected [{}, {}]: llama.attention.head_count = {} "
-       "gives a head dimension of {} (llama.embedding_length {} / {}), times llama.attention.head_count_kv = {}; "
+       "gives a head dimension of {} (llama.embedding_length {} / {}), times llama.attention.head_count_kv = {}{}; "
        "a head count is inconsistent with the tensor's shape",
        f.path(), wk->dims[0], wk->dims[1], c.dim, c.kv_dim(), c.n_heads, c.head_dim(), c.dim, c.n_heads,
-       c.n_kv_heads);
+       c.n_kv_heads, kv_named ? "" : " (absent: head_count)");
 }
 
 }  // namespace
