@@ -17,9 +17,10 @@ srcs=(
   src/model/tokenizer.cpp src/model/unicode_text.cpp src/model/gguf_writer.cpp
   src/model/synthetic_model.cpp src/util/mapped_file.cpp
   src/kernels/weight_matrix.cpp src/kernels/weight_quantize.cpp
+  src/kernels/interleaved_weights.cpp src/kernels/quantize_q8.cpp src/util/thread_pool.cpp
 )
 common=(-std=c++20 -g -O1 -march=native -I"$root/src")
-libs=(-lfmt -licuuc)
+libs=(-lfmt -licuuc -lxxhash -pthread)
 
 cd "$root"
 "$cxx" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -30,10 +31,14 @@ rm -rf "$out/seeds"
 "$out/checkpoint_fuzz_seeds" "$root" "$out/seeds"
 
 # The KV store's block records: only the record code and xxHash.
-record_srcs=(src/store/block_record.cpp src/store/block_key.cpp)
+# block_record.cpp uses BlockKey (src/kv/block_hash.cpp), which pulls in the
+# KV codecs' descriptions.
+record_srcs=(src/store/block_record.cpp src/kv/block_hash.cpp src/kv/kv_codec.cpp src/kv/float_codecs.cpp
+  src/kv/int_codecs.cpp src/kv/outlier_codec.cpp src/kv/channel_codec.cpp src/kv/scale8.cpp
+  src/kernels/vector_ops.cpp)
 "$cxx" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -fno-omit-frame-pointer fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash -o "$out/block_record_fuzz"
-"$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash \
+  -fno-omit-frame-pointer fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash -lcrypto -o "$out/block_record_fuzz"
+"$cxx" "${common[@]}" -DKVSERVE_FUZZ_WRITE_SEEDS fuzz/block_record_fuzz.cpp "${record_srcs[@]}" -lfmt -lxxhash -lcrypto \
   -o "$out/block_record_fuzz_seeds"
 "$out/block_record_fuzz_seeds" "$out/seeds/records"
 
