@@ -423,12 +423,14 @@ class ChannelCodec final : public KvCodec {
   // into two 16-bit sums. Four octets' sums stay in 16 bits (16 products of
   // at most 15 x 127: 30480), then vpmaddwd adds each token's two halves.
   // With AVX-VNNI, vpdpbusd adds the four products into 32 bits directly:
-  // half the instructions, the same sums.
+  // half the instructions, the same sums. Without it, V tiles of 8 tokens
+  // (V = 2: 16 whole tokens) share each broadcast query word (the
+  // stand-alone tile took 15% less time on Zen 2 for three queries).
+#if defined(__AVXVNNI__)
   template <int NQ>
   static void score_tile8_bytes(const uint8_t* head, int bs, int quads, int t0, int nt, const int32_t* q8,
                                 const float* step, const float* bias, float scale, float* scores, int stride) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
-#if defined(__AVXVNNI__)
     __m256i acc[NQ], acc_hi[NQ];  // two chains per query: vpdpbusd's latency
     #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i] = acc_hi[i] = _mm256_setzero_si256();
@@ -443,72 +445,51 @@ class ChannelCodec final : public KvCodec {
     }
     #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], acc_hi[i]);
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[NQ];
-    #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_si256();
-    for (int g0 = 0; g0 < quads; g0 += 8) {
-      __m256i part[NQ];
-      #pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i) part[i] = _mm256_setzero_si256();
-      for (int g = g0; g < std::min(quads, g0 + 8); g += 2) {  // quads is even: whole octets
-        const __m256i v = load_octet8(head, bs, g / 2, t0, nt);
-        const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        #pragma GCC unroll 4
-        for (int i = 0; i < NQ; ++i) {
-          const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(q8[i * quads + g]));
-          const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q8[i * quads + g + 1]));
-          part[i] = _mm256_add_epi16(part[i], _mm256_add_epi16(a, b));
-        }
-      }
-      #pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(part[i], ones));
-    }
-#endif
     store_scores8<NQ>(acc, step, bias, scale, scores, stride, t0, nt);
   }
-#if !defined(__AVXVNNI__)
-  // score_tile8_bytes on 16 whole tokens (two vectors per octet): each
-  // broadcast query word meets both (the stand-alone tile took 15% less
-  // time on Zen 2 for three queries).
-  template <int NQ>
-  static void score_tile16_bytes(const uint8_t* head, int bs, int quads, int t0, const int32_t* q8,
-                                 const float* step, const float* bias, float scale, float* scores, int stride) {
+#else
+  template <int NQ, int V = 1>
+  static void score_tile8_bytes(const uint8_t* head, int bs, int quads, int t0, int nt, const int32_t* q8,
+                                const float* step, const float* bias, float scale, float* scores, int stride) {
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256i acc[NQ][2];
+    __m256i acc[V][NQ];
     #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int g0 = 0; g0 < quads; g0 += 8) {
-      __m256i part[NQ][2];
+    for (int j = 0; j < V; ++j)
       #pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i) part[i][0] = part[i][1] = _mm256_setzero_si256();
+      for (int i = 0; i < NQ; ++i) acc[j][i] = _mm256_setzero_si256();
+    for (int g0 = 0; g0 < quads; g0 += 8) {
+      __m256i part[V][NQ];
+      #pragma GCC unroll 4
+      for (int j = 0; j < V; ++j)
+        #pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) part[j][i] = _mm256_setzero_si256();
       const int g_end = std::min(quads, g0 + 8);
       for (int g = g0; g < g_end; g += 2) {  // quads is even: whole octets
-        const uint8_t* p = head + (size_t(g / 2) * bs + size_t(t0)) * 4;
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-        const __m256i lo0 = _mm256_and_si256(v0, nib), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib);
-        const __m256i lo1 = _mm256_and_si256(v1, nib), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib);
+        __m256i lo[V], hi[V];
+        #pragma GCC unroll 2
+        for (int j = 0; j < V; ++j) {  // V > 1 only for whole tiles (nt = 8 V): plain loads
+          const __m256i v = V == 1 ? load_octet8(head, bs, g / 2, t0, nt)
+                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                         head + (size_t(g / 2) * bs + size_t(t0 + 8 * j)) * 4));
+          lo[j] = _mm256_and_si256(v, nib), hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        }
         #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i) {
           const __m256i qa = _mm256_set1_epi32(q8[i * quads + g]), qb = _mm256_set1_epi32(q8[i * quads + g + 1]);
-          part[i][0] = _mm256_add_epi16(part[i][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, qa),
-                                                                     _mm256_maddubs_epi16(hi0, qb)));
-          part[i][1] = _mm256_add_epi16(part[i][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, qa),
-                                                                     _mm256_maddubs_epi16(hi1, qb)));
+          #pragma GCC unroll 2
+          for (int j = 0; j < V; ++j)
+            part[j][i] = _mm256_add_epi16(part[j][i], _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], qa),
+                                                                       _mm256_maddubs_epi16(hi[j], qb)));
         }
       }
       #pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i)
-        #pragma GCC unroll 2
-        for (int k = 0; k < 2; ++k) acc[i][k] = _mm256_add_epi32(acc[i][k], _mm256_madd_epi16(part[i][k], ones));
+      for (int j = 0; j < V; ++j)
+        #pragma GCC unroll 4
+        for (int i = 0; i < NQ; ++i) acc[j][i] = _mm256_add_epi32(acc[j][i], _mm256_madd_epi16(part[j][i], ones));
     }
-    __m256i first[NQ], second[NQ];
-    #pragma GCC unroll 4
-    for (int i = 0; i < NQ; ++i) first[i] = acc[i][0], second[i] = acc[i][1];
-    store_scores8<NQ>(first, step, bias, scale, scores, stride, t0, 8);
-    store_scores8<NQ>(second, step, bias, scale, scores, stride, t0 + 8, 8);
+    #pragma GCC unroll 2
+    for (int j = 0; j < V; ++j)
+      store_scores8<NQ>(acc[j], step, bias, scale, scores, stride, t0 + 8 * j, std::min(8, nt - 8 * j));
   }
 #endif
 #endif
@@ -538,8 +519,8 @@ class ChannelCodec final : public KvCodec {
 #if !defined(__AVXVNNI__)
           for (; t0 + 16 <= t1; t0 += 16)
             by_query_groups(n_q, [&](auto nq, int i) {
-              score_tile16_bytes<nq.value>(head, bs, hd / 4, t0, f.pairs + size_t(i) * hd / 4, step + i, bias + i,
-                                           scale, scores + size_t(i) * stride, stride);
+              score_tile8_bytes<nq.value, 2>(head, bs, hd / 4, t0, 16, f.pairs + size_t(i) * hd / 4, step + i,
+                                             bias + i, scale, scores + size_t(i) * stride, stride);
             });
 #endif
           for (; t0 < t1; t0 += 8) {
