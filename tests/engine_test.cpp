@@ -277,21 +277,26 @@ TEST_F(EngineTest, PreemptedSequencesGetTheirBlocksBackInsteadOfRecomputingThem)
   EXPECT_GT(tiered.tier_blocks_loaded, 0);
 }
 
-// Routers poll the prefix cache's events: numbered, paged with `after`, the
-// oldest dropped beyond the log's size, with the tenant's name.
-TEST_F(EngineTest, CacheEventsArePagedInOrderAndCapped) {
+// One thread, 64 blocks of 4 tokens, the last `events` prefix-cache events logged.
+EngineOptions logging_cache_events(int32_t events) {
   EngineOptions o;
   o.threads = 1;
   o.kv.block_size = 4;
   o.kv.num_blocks = 64;
-  o.cache_event_log = 16;
+  o.cache_event_log = events;
+  return o;
+}
+
+// Routers poll the prefix cache's events: numbered, paged with `after`, the
+// oldest dropped beyond the log's size, with the tenant's name.
+TEST_F(EngineTest, CacheEventsArePagedInOrderAndCapped) {
   std::map<RequestId, Collected> out;
-  Engine engine(*model, o);
+  Engine engine(*model, logging_cache_events(16));
   Request r = request("Once upon a time, there was a little girl named Lily", 6, out);
   r.tenant = "acme";
   ASSERT_EQ(engine.submit(std::move(r)).status, SubmitResult::Status::Accepted);
   engine.run_until_idle();
-  CacheEventPage all = engine.cache_events(0, 1000);
+  CacheEventPage all = engine.cache_events({.after = 0, .max = 1000});
   ASSERT_FALSE(all.events.empty());
   EXPECT_EQ(all.events.front().seq, all.first_kept);
   for (size_t i = 0; i < all.events.size(); ++i) {
@@ -301,10 +306,10 @@ TEST_F(EngineTest, CacheEventsArePagedInOrderAndCapped) {
   }
   EXPECT_EQ(all.next, all.events.back().seq);
   // Paging: two at a time from the start gives the same sequence.
-  CacheEventPage first = engine.cache_events(0, 2);
+  CacheEventPage first = engine.cache_events({.after = 0, .max = 2});
   ASSERT_EQ(first.events.size(), 2u);
-  EXPECT_EQ(engine.cache_events(first.next, 1000).events.size(), all.events.size() - 2);
-  EXPECT_TRUE(engine.cache_events(all.next, 1000).events.empty());
+  EXPECT_EQ(engine.cache_events({.after = first.next, .max = 1000}).events.size(), all.events.size() - 2);
+  EXPECT_TRUE(engine.cache_events({.after = all.next, .max = 1000}).events.empty());
   // More than 16 events: only the newest 16 are kept, first_kept says so.
   for (const std::string& p : kPrompts) {
     Request more = request(p, 6, out);
@@ -312,10 +317,69 @@ TEST_F(EngineTest, CacheEventsArePagedInOrderAndCapped) {
     ASSERT_EQ(engine.submit(std::move(more)).status, SubmitResult::Status::Accepted);
   }
   engine.run_until_idle();
-  const CacheEventPage late = engine.cache_events(0, 1000);
+  const CacheEventPage late = engine.cache_events({.after = 0, .max = 1000});
   EXPECT_EQ(late.events.size(), 16u);
   EXPECT_GT(late.first_kept, 1u);
   EXPECT_EQ(late.events.back().seq, late.first_kept + 15);
+}
+
+// A query naming a tenant reads that tenant's events and the global
+// account's only. Paging one event at a time moves past the other tenants'
+// events; when they fill the whole window a query examines, the page is
+// empty but `next` still moves, so a caller never loops nor skips its own.
+TEST_F(EngineTest, CacheEventsOfOtherTenantsAreFilteredOutAndPagedPast) {
+  std::map<RequestId, Collected> out;
+  Engine engine(*model, logging_cache_events(1000));
+  // One after another, so beta's events lie between acme's ("" = the global scope).
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"acme", kPrompts[4]}, {"beta", kPrompts[7]}, {"beta", kPrompts[2]}, {"acme", kPrompts[1]}, {"", kPrompts[3]}};
+  for (const auto& [tenant, prompt] : runs) {
+    Request r = request(prompt, 6, out);
+    r.tenant = tenant;
+    ASSERT_EQ(engine.submit(std::move(r)).status, SubmitResult::Status::Accepted);
+    engine.run_until_idle();
+  }
+  const CacheEventPage all = engine.cache_events({.after = 0, .max = 1000});
+  std::map<std::string, int> per_tenant;
+  std::vector<uint64_t> acme_view, global_view;  // seqs acme may read, and a tenant with no events of its own
+  for (const CacheEventRecord& r : all.events) {
+    ++per_tenant[r.tenant];
+    if (r.tenant == "acme" || r.tenant.empty()) acme_view.push_back(r.seq);
+    if (r.tenant.empty()) global_view.push_back(r.seq);
+  }
+  ASSERT_GT(per_tenant["acme"], 0);
+  ASSERT_GT(per_tenant["beta"], 2);
+  ASSERT_GT(per_tenant[""], 0);
+  ASSERT_EQ(per_tenant.size(), 3u);
+
+  auto seqs = [](const CacheEventPage& p) {
+    std::vector<uint64_t> v;
+    for (const CacheEventRecord& r : p.events) v.push_back(r.seq);
+    return v;
+  };
+  const CacheEventPage acme = engine.cache_events({.after = 0, .max = 1000, .tenant = "acme"});
+  EXPECT_EQ(seqs(acme), acme_view);
+  EXPECT_EQ(acme.next, all.next);  // the whole log examined
+  EXPECT_EQ(acme.first_kept, all.first_kept);
+  EXPECT_EQ(seqs(engine.cache_events({.after = 0, .max = 1000, .tenant = "nobody"})), global_view);
+
+  for (const size_t window : {size_t(65536), size_t(2)}) {
+    std::vector<uint64_t> paged;
+    int empty_pages = 0;
+    for (uint64_t after = 0; after < all.next;) {
+      const CacheEventPage p = engine.cache_events({.after = after, .max = 1, .tenant = "acme", .max_scanned = window});
+      ASSERT_GT(p.next, after) << "window " << window;
+      ASSERT_LE(p.events.size(), 1u);
+      const std::vector<uint64_t> got = seqs(p);
+      paged.insert(paged.end(), got.begin(), got.end());
+      if (got.empty()) ++empty_pages;
+      after = p.next;
+    }
+    EXPECT_EQ(paged, acme_view) << "window " << window;
+    if (window == 2) {
+      EXPECT_GT(empty_pages, 0);  // beta's run is longer than the window
+    }
+  }
 }
 
 TEST_F(EngineTest, PreemptionIsCounted) {

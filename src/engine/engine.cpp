@@ -186,15 +186,17 @@ void Engine::on_cache_event(const CacheEvent& e) {
   if (event_log_.size() > size_t(options_.cache_event_log)) event_log_.pop_front();
 }
 
-CacheEventPage Engine::cache_events(uint64_t after, size_t max) const {
+CacheEventPage Engine::cache_events(const CacheEventQuery& q) const {
   CacheEventPage page;
   std::lock_guard<std::mutex> lock(events_mutex_);
   page.first_kept = event_log_.empty() ? next_event_seq_ : event_log_.front().seq;
-  page.next = std::max(after, page.first_kept - 1);
-  for (const CacheEventRecord& r : event_log_) {
-    if (r.seq <= after) continue;
-    if (page.events.size() >= max) break;
-    page.events.push_back(r);
+  page.next = std::max(q.after, page.first_kept - 1);
+  // The log's numbers are consecutive: the first event after `next` is found by its number.
+  const size_t begin = size_t(std::min<uint64_t>(page.next - (page.first_kept - 1), event_log_.size()));
+  const size_t end = begin + std::min(q.max_scanned, event_log_.size() - begin);
+  for (size_t i = begin; i < end && page.events.size() < q.max; ++i) {
+    const CacheEventRecord& r = event_log_[i];
+    if (!q.tenant || r.tenant.empty() || r.tenant == *q.tenant) page.events.push_back(r);
     page.next = r.seq;
   }
   return page;

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,10 +84,24 @@ struct CacheEventRecord {
   std::string tenant;  // "" = the global account
 };
 
+// Which logged events Engine::cache_events returns. A tenant's events are
+// its own business: though salted, its chains of keys say when it sent
+// prompts, how long they were and which of them share a prefix. A caller on
+// a tenant's behalf names it and reads only that tenant's events and the
+// global account's (the scope every tenant shares).
+struct CacheEventQuery {
+  uint64_t after = 0;                 // events numbered after this one
+  size_t max = 1000;                  // at most this many returned
+  std::optional<std::string> tenant;  // only this tenant's and the global account's events; nullopt = every tenant's
+  size_t max_scanned = 65536;         // logged events examined at most, returned or not: bounds how long
+                                      // the log's lock (taken by the engine thread for every event) is held
+};
+
 struct CacheEventPage {
   std::vector<CacheEventRecord> events;  // seq > after, oldest first
-  uint64_t next = 0;                     // pass as `after` next time
-  uint64_t first_kept = 0;               // oldest seq still logged; a gap before it was dropped
+  uint64_t next = 0;                     // pass as `after` next time: the last event examined, so events
+                                         // filtered out are not examined again
+  uint64_t first_kept = 0;               // oldest seq still logged (of any tenant); a gap before it was dropped
 };
 
 struct SubmitResult {
@@ -183,8 +198,11 @@ class Engine {
   // Waits until the tiers' writer has stored or failed every block queued so
   // far, so stats() counts them (benchmarks, tests). No-op without tiers.
   void flush_tiers();
-  // The logged prefix-cache events after `after` (at most `max`). Thread-safe.
-  CacheEventPage cache_events(uint64_t after, size_t max) const;
+  // The logged prefix-cache events the query asks for, oldest first: up to
+  // q.max of them, from at most q.max_scanned events after q.after (fewer
+  // than q.max, even none, while more follow when other tenants' events
+  // filled that window). Thread-safe.
+  CacheEventPage cache_events(const CacheEventQuery& q) const;
   const ModelConfig& config() const { return model_.config(); }
   const Model& model() const { return model_; }
   const KvCache& cache() const { return cache_; }

@@ -675,7 +675,8 @@ void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Respo
   };
   uint64_t after = 0, limit = 0;
   if (!number("after", 0, &after) || !number("limit", 1000, &limit)) return;
-  const CacheEventPage page = engine_.cache_events(after, size_t(std::clamp<uint64_t>(limit, 1, 10000)));
+  const CacheEventPage page =
+      engine_.cache_events({.after = after, .max = size_t(std::clamp<uint64_t>(limit, 1, 10000))});
   json events = json::array();
   for (const CacheEventRecord& r : page.events) {
     const CacheEvent& e = r.event;
