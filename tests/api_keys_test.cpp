@@ -28,6 +28,9 @@ TEST(ApiKeys, MapsKeysToTenants) {
   EXPECT_EQ(r.status, AuthResult::Status::Ok);
   EXPECT_EQ(r.tenant, kDefaultTenant);
   EXPECT_EQ(keys.authenticate("", true).status, AuthResult::Status::Missing);
+  EXPECT_TRUE(keys.has_tenant("team.b:2"));
+  EXPECT_FALSE(keys.has_tenant("team"));
+  EXPECT_FALSE(keys.has_tenant(kDefaultTenant));
 }
 
 TEST(ApiKeys, WithoutKeysEveryoneIsTheDefaultTenant) {

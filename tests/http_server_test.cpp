@@ -264,9 +264,9 @@ class HttpServerTest : public ::testing::Test {
     return r;
   }
 
-  Reply get(const std::string& path) const {
+  Reply get(const std::string& path, const httplib::Headers& headers = {}) const {
     httplib::Client c = client();
-    auto res = c.Get(path);
+    auto res = c.Get(path, headers);
     Reply r;
     if (!res) return r;
     r.status = res->status;
@@ -877,6 +877,77 @@ TEST_F(HttpServerTest, CacheEventsRouteListsStoredBlocksForRouters) {
   EXPECT_EQ(first["block_key"].get<std::string>().size(), 32u);  // xxh3-128 in hex
   EXPECT_TRUE(get("/v1/kv/events?after=" + std::to_string(r.body["next"].get<uint64_t>())).body["data"].empty());
   EXPECT_EQ(get("/v1/kv/events?after=-1").status, 400);
+  // Without API keys every caller is the default tenant, a key sent or not,
+  // and reads the engine's whole log.
+  const size_t logged = engine_->cache_events({.after = 0, .max = 1000}).events.size();
+  EXPECT_EQ(r.body["data"].size(), logged);
+  EXPECT_EQ(get("/v1/kv/events?after=0&limit=1000", {{"Authorization", "Bearer sk-any"}}).body["data"].size(), logged);
+}
+
+// With API keys a key reads only its own tenant's events (and the shared
+// scope's, which no request here uses): though salted, another tenant's
+// keys would say when it sent prompts, how long and which share a prefix.
+// Paged one event at a time, a key moves past the other tenant's events.
+// The events admin the server names (a KV-aware router) reads all.
+TEST_F(HttpServerTest, CacheEventsShowEachKeyOnlyItsTenantsEvents) {
+  EngineOptions eo;
+  eo.cache_event_log = 1000;
+  eo.kv.block_size = 4;
+  HttpServerOptions ho;
+  ho.kv_events_admin = "router";
+  start(eo, ho, ApiKeys::parse("sk-alpha team-a\nsk-beta team-b\nsk-router router\n", "keys"));
+  const httplib::Headers alpha = {{"Authorization", "Bearer sk-alpha"}};
+  const httplib::Headers beta = {{"Authorization", "Bearer sk-beta"}};
+  const httplib::Headers router = {{"Authorization", "Bearer sk-router"}};
+  // One after another, so that team-b's events lie between team-a's.
+  const std::string lily = "Once upon a time, there was a little girl named Lily";
+  ASSERT_EQ(post("/v1/completions", completion(lily, 4), alpha).status, 200);
+  ASSERT_EQ(post("/v1/completions", completion(lily, 4), beta).status, 200);
+  ASSERT_EQ(post("/v1/completions", completion("The sun was hot and the sky was blue. Tom", 4), beta).status, 200);
+  ASSERT_EQ(post("/v1/completions", completion("Ben liked to build towers with his blocks.", 4), alpha).status, 200);
+  stats_when([](const EngineStats& s) { return s.requests_finished == 4; });  // every event logged
+
+  auto events = [&](const httplib::Headers& who, uint64_t after, int limit) {
+    const Reply r = get(fmt::format("/v1/kv/events?after={}&limit={}", after, limit), who);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.body;
+  };
+  std::map<std::string, std::vector<uint64_t>> seqs;  // tenant -> its events' seqs, as the router reads them
+  const json all = events(router, 0, 1000);
+  for (const json& e : all["data"]) seqs[e["tenant"].get<std::string>()].push_back(e["seq"].get<uint64_t>());
+  ASSERT_EQ(seqs.size(), 2u);
+  ASSERT_LT(seqs["team-b"].front(), seqs["team-a"].back());
+  for (const auto& [who, tenant] : {std::pair(alpha, "team-a"), std::pair(beta, "team-b")}) {
+    std::vector<uint64_t> whole, paged;
+    const json at_once = events(who, 0, 1000);
+    for (const json& e : at_once["data"]) {
+      EXPECT_EQ(e["tenant"], tenant);
+      whole.push_back(e["seq"].get<uint64_t>());
+    }
+    EXPECT_EQ(whole, seqs[tenant]);
+    uint64_t after = 0;
+    for (int polls = 0;; ++polls) {
+      ASSERT_LT(polls, 200) << tenant;
+      const json page = events(who, after, 1);
+      for (const json& e : page["data"]) paged.push_back(e["seq"].get<uint64_t>());
+      if (page["next"].get<uint64_t>() == after) break;  // nothing left to examine
+      after = page["next"].get<uint64_t>();
+    }
+    EXPECT_EQ(paged, seqs[tenant]);
+  }
+  // Requests without a key are the default tenant, which has no events.
+  EXPECT_TRUE(get("/v1/kv/events").body["data"].empty());
+}
+
+TEST_F(HttpServerTest, CacheEventsAdminIsATenantOfItsOwnKey) {
+  HttpServerOptions ho;
+  ho.kv_events_admin = "router";
+  testing_files::expect_error_containing([&] { start({}, ho); }, "'router' is the tenant of no API key");
+  testing_files::expect_error_containing([&] { start({}, ho, ApiKeys::parse("sk-a team-a\n", "keys")); },
+                                         "'router' is the tenant of no API key");
+  ho.kv_events_admin = std::string(kDefaultTenant);
+  testing_files::expect_error_containing([&] { start({}, ho, ApiKeys::parse("sk-a default\n", "keys")); },
+                                         "cannot be the 'default' tenant");
 }
 
 TEST_F(HttpServerTest, CacheEventsRouteIsOffUnlessAsked) {

@@ -151,6 +151,9 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--api-keys", a->api_keys, "file of `KEY TENANT` lines; unknown keys get 401");
   cmd->add_flag("--require-api-key", a->http.require_api_key, "with --api-keys: requests without a key get 401");
+  cmd->add_option("--kv-events-admin", a->http.kv_events_admin,
+                  "with --api-keys and --kv-events: the tenant whose keys read every tenant's GET /v1/kv/events (a "
+                  "KV-aware router); other keys read their own tenant's and the shared scope's");
   cmd->add_option("--served-model-name", a->http.served_model_name,
                   "model name clients send (default: the model file's name without extension)");
   cmd->add_option("--chat-template", a->http.chat_template,

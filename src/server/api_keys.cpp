@@ -71,4 +71,10 @@ AuthResult ApiKeys::authenticate(std::string_view authorization, bool require_ke
   return {AuthResult::Status::Ok, it->second};
 }
 
+bool ApiKeys::has_tenant(std::string_view tenant) const {
+  for (const auto& [digest, name] : tenants_)
+    if (name == tenant) return true;
+  return false;
+}
+
 }  // namespace kvserve

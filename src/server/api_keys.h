@@ -45,6 +45,8 @@ class ApiKeys {
   [[nodiscard]] AuthResult authenticate(std::string_view authorization, bool require_key) const;
 
   size_t size() const { return tenants_.size(); }
+  // Whether some key maps to `tenant`.
+  bool has_tenant(std::string_view tenant) const;
 
  private:
   using Digest = std::array<uint8_t, 32>;

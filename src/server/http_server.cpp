@@ -187,6 +187,12 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   if (options_.http_threads == 0)
     options_.http_threads = engine_options.scheduler.max_num_seqs + engine_options.max_waiting + 16;
   if (options_.require_api_key && keys_.size() == 0) fail("requiring API keys needs a key file (--api-keys)");
+  // Requests without a key are the default tenant: naming it would show every tenant's events to them.
+  if (options_.kv_events_admin == kDefaultTenant)
+    fail("the prefix-cache events admin cannot be the '{}' tenant of requests without a key: give the router's key "
+         "a tenant of its own", kDefaultTenant);
+  if (!options_.kv_events_admin.empty() && !keys_.has_tenant(options_.kv_events_admin))
+    fail("the prefix-cache events admin '{}' is the tenant of no API key (--api-keys)", options_.kv_events_admin);
 
   const Model& model = engine.model();
   model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
@@ -655,7 +661,8 @@ void HttpServer::handle_detokenize(const httplib::Request& req, const std::strin
 }
 
 void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Response& res) {
-  if (!authenticate(req, res)) return;
+  const std::optional<AuthResult> auth = authenticate(req, res);
+  if (!auth) return;
   if (!cache_events_) {
     send_error(res, error_of(404, "prefix-cache events are off: start the server with --kv-events N",
                              "invalid_request_error", "not_found"));
@@ -675,8 +682,10 @@ void HttpServer::handle_cache_events(const httplib::Request& req, httplib::Respo
   };
   uint64_t after = 0, limit = 0;
   if (!number("after", 0, &after) || !number("limit", 1000, &limit)) return;
-  const CacheEventPage page =
-      engine_.cache_events({.after = after, .max = size_t(std::clamp<uint64_t>(limit, 1, 10000))});
+  CacheEventQuery query{.after = after, .max = size_t(std::clamp<uint64_t>(limit, 1, 10000))};
+  // Without keys every request is the default tenant, so this filters nothing out.
+  if (auth->tenant != options_.kv_events_admin) query.tenant = auth->tenant;
+  const CacheEventPage page = engine_.cache_events(query);
   json events = json::array();
   for (const CacheEventRecord& r : page.events) {
     const CacheEvent& e = r.event;

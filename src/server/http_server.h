@@ -66,6 +66,10 @@ struct HttpServerOptions {
   std::string served_model_name;        // empty = the model file's name without its extension
   std::string chat_template;            // chat format name; empty = from the GGUF, else plain
   bool require_api_key = false;         // with keys loaded: a request without a key gets 401
+  std::string kv_events_admin;          // with keys: the tenant (of some key, not the default one) whose
+                                        // keys read every tenant's GET /v1/kv/events, as a KV-aware
+                                        // router must; empty = none: each key reads its own tenant's
+                                        // events and the shared scope's
   int http_threads = 0;                 // connection threads (a streaming request holds one;
                                         // keep-alive only while one is free);
                                         // 0 = max_num_seqs + max_waiting + 16
@@ -116,7 +120,9 @@ class HttpServer {
   std::optional<ApiError> check_token_ids(std::span<const int32_t> ids, std::string_view what, const char* param) const;
   // Whether `model` is the served model; false after sending the 400.
   bool check_model(const std::string& model, httplib::Response& res) const;
-  // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache events.
+  // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache
+  // events of the caller's tenant and of the shared scope (every tenant's
+  // for the kv_events_admin).
   void handle_cache_events(const httplib::Request& req, httplib::Response& res);
   // The engine request for prompt `prompt` of a parsed request (chat: its
   // messages), or the 400.
