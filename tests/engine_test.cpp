@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "engine/generator.h"
+#include "fault_injection.h"
 #include "kv/kv_spec.h"
 #include "reference_logits.h"
 #include "test_support.h"
@@ -379,6 +380,49 @@ TEST_F(EngineTest, CacheEventsOfOtherTenantsAreFilteredOutAndPagedPast) {
     if (window == 2) {
       EXPECT_GT(empty_pages, 0);  // beta's run is longer than the window
     }
+  }
+}
+
+// A step one sequence cannot run (a token out of range, as a request that
+// slipped validation would bring; a sparsity policy that throws partway
+// through the pass) fails that sequence alone with the error; the others of
+// its batch go on and end exactly as they would have: run again at once when
+// the pass had not begun, recomputed when it had written their KV.
+TEST_F(EngineTest, AStepOneSequenceCannotRunFailsItAlone) {
+  testing_faults::ThrowingPolicy throwing(1, "the key index failed");
+  for (const bool partway : {false, true}) {
+    SCOPED_TRACE(partway ? "policy throws partway" : "token out of range");
+    EngineOptions o;
+    o.threads = 2;
+    std::map<RequestId, Collected> out;
+    Engine engine(*model, o);
+    const std::vector<int32_t> bad_prompt = tok->encode("Zebras do not", true);
+    std::vector<int32_t> corrupted = bad_prompt;
+    corrupted.back() = model->config().vocab_size;
+    engine.set_batch_hook_for_tests([&](std::vector<BatchEntry>& batch) {
+      for (BatchEntry& e : batch) {
+        if (!std::equal(e.tokens.begin(), e.tokens.end(), bad_prompt.begin(), bad_prompt.end())) continue;
+        if (partway) e.policy = &throwing;
+        else e.tokens = corrupted;
+      }
+    });
+    std::map<RequestId, size_t> which;
+    RequestId bad = 0;
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      if (i == 3) bad = engine.submit(request("Zebras do not", 20, out)).id;
+      which[engine.submit(request(kPrompts[i], 20, out)).id] = i;
+    }
+    engine.run_until_idle();
+    EXPECT_EQ(out[bad].finish, FinishReason::Error);
+    EXPECT_EQ(out[bad].error, partway ? "the key index failed" : "token id 512 is out of range (vocabulary of 512)");
+    for (const auto& [id, i] : which) {
+      EXPECT_NE(out[id].finish, FinishReason::Error) << "prompt " << i << ": " << out[id].error;
+      EXPECT_EQ(out[id].tokens, alone(tok->encode(kPrompts[i], true), 20, o.kv)) << "prompt " << i;
+    }
+    const EngineStats s = engine.stats();
+    EXPECT_EQ(s.finished_error, 1);
+    EXPECT_EQ(s.preemptions, partway ? int64_t(kPrompts.size()) : 0);  // all ran in the bad one's step
+    EXPECT_EQ(s.kv.blocks_used, 0);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "engine/sampler.h"
+#include "fault_injection.h"
 #include "kv/kv_spec.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
@@ -54,6 +55,23 @@ class StoriesTransformer : public ::testing::Test {
     tf = std::make_unique<Transformer>(*model, pool);
     tokens = model->require_tokenizer().encode("Once upon a time, there was a little dog named Max. He", true);
   }
+  // Three prompts of different lengths.
+  std::vector<std::vector<int32_t>> prompts() const {
+    return {tokens, model->require_tokenizer().encode("Lily", true),
+            model->require_tokenizer().encode("The sun was hot and the sky", true)};
+  }
+  // A table with room for each prompt, and a batch that runs each but its
+  // last `held_back` tokens.
+  void reserve_batch(const std::vector<std::vector<int32_t>>& ps, std::vector<BlockTable>& tables,
+                     std::vector<BatchEntry>& batch, size_t held_back, bool all_logits) {
+    tables.resize(ps.size());
+    batch.resize(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_TRUE(cache->reserve(tables[i], int32_t(ps[i].size())));
+      batch[i] = {&tables[i], std::span<const int32_t>(ps[i].data(), ps[i].size() - held_back), all_logits};
+    }
+  }
+
   ThreadPool pool{2};
   std::unique_ptr<Model> model;
   std::unique_ptr<KvCache> cache;
@@ -68,19 +86,14 @@ TEST_F(StoriesTransformer, ChunkedPrefillAndDecodeEqualOnePass) {
 }
 
 TEST_F(StoriesTransformer, BatchOfSequencesEqualsSeparateRuns) {
-  const std::vector<std::vector<int32_t>> prompts = {
-      tokens, model->require_tokenizer().encode("Lily", true),
-      model->require_tokenizer().encode("The sun was hot and the sky", true)};
+  const std::vector<std::vector<int32_t>> prompts = this->prompts();
   std::vector<std::vector<float>> alone;
   for (const auto& p : prompts) alone.push_back(run(*tf, *cache, p, p.size()));
 
   // All three prefill in one pass, then one decode token each in one pass.
-  std::vector<BlockTable> tables(prompts.size());
-  std::vector<BatchEntry> batch(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(cache->reserve(tables[i], int32_t(prompts[i].size())));
-    batch[i] = {&tables[i], std::span<const int32_t>(prompts[i].data(), prompts[i].size() - 1), true};
-  }
+  std::vector<BlockTable> tables;
+  std::vector<BatchEntry> batch;
+  reserve_batch(prompts, tables, batch, 1, true);
   Logits logits;
   tf->forward(batch, *cache, logits);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -216,6 +229,57 @@ TEST_F(StoriesTransformer, RejectsPositionsPastContextAndBadTokens) {
   batch = {{&table, bad, false}};
   EXPECT_THROW(tf->forward(batch, big, logits), Error);
   EXPECT_EQ(table.num_tokens, 0);
+}
+
+// An entry that cannot run is named (BatchEntryError::entry) before the
+// pass changes anything, so the others run again without it and give the
+// logits of a clean pass; a policy that throws partway through names its
+// entry too, saying the others were touched.
+TEST_F(StoriesTransformer, AnEntryThatCannotRunIsNamedBeforeAnythingChanges) {
+  const std::vector<std::vector<int32_t>> prompts = this->prompts();
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) alone.push_back(run(*tf, *cache, p, p.size()));
+  std::vector<BlockTable> tables;
+  std::vector<BatchEntry> batch;
+  reserve_batch(prompts, tables, batch, 0, false);
+  std::vector<int32_t> bad = prompts[1];
+  bad.back() = model->config().vocab_size;
+  batch[1].tokens = bad;
+  const KvStats before = cache->stats();
+  Logits logits;
+  try {
+    tf->forward(batch, *cache, logits);
+    ADD_FAILURE() << "no error";
+  } catch (const BatchEntryError& e) {
+    EXPECT_EQ(e.entry(), 1u);
+    EXPECT_TRUE(e.others_untouched());
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+  for (const BlockTable& t : tables) EXPECT_EQ(t.num_tokens, 0);
+  EXPECT_EQ(cache->stats().tokens_stored, before.tokens_stored);
+  std::vector<BatchEntry> rest = {batch[0], batch[2]};
+  tf->forward(rest, *cache, logits);
+  for (size_t r = 0; r < 2; ++r) {
+    const std::vector<float>& want = alone[r == 0 ? 0 : 2];
+    const float* got = logits.last(r, rest);
+    expect_close(std::vector<float>(got, got + logits.vocab),
+                 std::vector<float>(want.end() - logits.vocab, want.end()), 1e-4f);
+  }
+  for (BlockTable& t : tables) cache->release(t);
+
+  // Partway through: the last entry's policy throws at layer 1.
+  testing_faults::ThrowingPolicy throwing(1, "the index failed");
+  reserve_batch(prompts, tables, batch, 0, false);
+  batch[2].policy = &throwing;
+  try {
+    tf->forward(batch, *cache, logits);
+    ADD_FAILURE() << "no error";
+  } catch (const BatchEntryError& e) {
+    EXPECT_EQ(e.entry(), 2u);
+    EXPECT_FALSE(e.others_untouched());
+    EXPECT_STREQ(e.what(), "the index failed");
+  }
+  for (BlockTable& t : tables) cache->release(t);
 }
 
 // The same random weights stored as F32, F16, Q8_0 and Q4_0 (synth draws the

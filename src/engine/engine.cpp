@@ -573,19 +573,8 @@ bool Engine::run_step() {
     return !plan.preempted.empty();
   }
   Timer timer;
-  std::vector<BatchEntry> batch(plan.chunks.size());
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    Sequence* seq = plan.chunks[i].seq;
-    batch[i].table = &seq->table;
-    batch[i].policy = seq->policy.get();
-    batch[i].decode = seq->decoding();
-    batch[i].all_logits = seq->request().prompt_logprobs && seq->num_computed < seq->num_prompt();
-    batch[i].tokens = std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
-  }
-  try {
-    transformer_.forward(batch, cache_, logits_);
-  } catch (const Error& e) {
-    for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, e.what());
+  std::vector<BatchEntry> batch;
+  if (!forward(plan, batch)) {
     publish_stats();
     return true;
   }
@@ -612,6 +601,46 @@ bool Engine::run_step() {
   local_.busy_seconds += timer.seconds();
   publish_stats();
   return true;
+}
+
+bool Engine::forward(SchedulePlan& plan, std::vector<BatchEntry>& batch) {
+  for (;;) {
+    batch.assign(plan.chunks.size(), BatchEntry{});
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      Sequence* seq = plan.chunks[i].seq;
+      batch[i].table = &seq->table;
+      batch[i].policy = seq->policy.get();
+      batch[i].decode = seq->decoding();
+      batch[i].all_logits = seq->request().prompt_logprobs && seq->num_computed < seq->num_prompt();
+      batch[i].tokens =
+          std::span<const int32_t>(seq->tokens().data() + seq->num_computed, size_t(plan.chunks[i].n_tokens));
+    }
+    if (batch_hook_) batch_hook_(batch);
+    try {
+      transformer_.forward(batch, cache_, logits_);
+      return true;
+    } catch (const BatchEntryError& e) {
+      const ScheduledChunk bad = plan.chunks[e.entry()];
+      plan.chunks.erase(plan.chunks.begin() + std::ptrdiff_t(e.entry()));
+      plan.prefill_tokens -= bad.prefill_tokens;
+      finish(bad.seq, FinishReason::Error, -1, {}, e.what());
+      if (!e.others_untouched()) {
+        // The pass wrote the others' KV past their committed tokens and fed
+        // their policies (or committed them, if an after_forward threw), and
+        // neither can be rolled back: computed again from scratch, they end
+        // as they would have.
+        for (const ScheduledChunk& c : plan.chunks) scheduler_.preempt(c.seq);
+        local_.preemptions += int64_t(plan.chunks.size());
+        plan.chunks.clear();
+      }
+      if (plan.chunks.empty()) return false;
+    } catch (const Error& e) {
+      // Not one entry's (Transformer::forward names the entry for every
+      // error it can trace to one): the whole batch fails.
+      for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, e.what());
+      return false;
+    }
+  }
 }
 
 void Engine::publish_stats() {

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -219,6 +220,11 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Null without prefix caching. Engine thread only (or before start()).
   PrefixCache* prefix_cache() { return prefix_.get(); }
+  // Tests only (fault injection): called on the engine thread with each
+  // step's batch just before its forward pass, and may change the entries
+  // (point one at tokens out of range, or at a policy that throws) to fail
+  // the step as a request that slipped validation would. Set before start().
+  void set_batch_hook_for_tests(std::function<void(std::vector<BatchEntry>&)> hook) { batch_hook_ = std::move(hook); }
 
  private:
   struct Inbox {
@@ -227,6 +233,11 @@ class Engine {
   };
 
   bool run_step();                        // the body of step(), on the engine thread
+  // The plan's forward pass into batch and logits_. A sequence whose step
+  // cannot run fails alone (its chunk leaves the plan) and the rest run
+  // again, or are recomputed when the pass had begun (BatchEntryError);
+  // false when no chunk is left to run.
+  bool forward(SchedulePlan& plan, std::vector<BatchEntry>& batch);
   void absorb_inbox();
   void finish(Sequence* seq, FinishReason reason, int32_t token, std::string text, std::string error = {},
               std::optional<TokenLogprobs> logprobs = std::nullopt, bool request_error = false);
@@ -273,6 +284,7 @@ class Engine {
   // Engine-thread state.
   std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting or running
   Logits logits_;
+  std::function<void(std::vector<BatchEntry>&)> batch_hook_;  // set_batch_hook_for_tests
   EngineStats local_;                     // updated during a step, copied to stats_ after it
 
   std::mutex inbox_mutex_;                // guards inbox_, next_id_, next_order_, stopping_, drain_

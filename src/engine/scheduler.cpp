@@ -49,7 +49,7 @@ void Scheduler::finish(Sequence* seq) {
   seq->state = SequenceState::Finished;
 }
 
-void Scheduler::preempt(Sequence* seq, SchedulePlan& plan) {
+void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   release(*seq);
   seq->checkpoint = 0;  // cached_tokens stays: the usage reports the first admission
@@ -57,7 +57,6 @@ void Scheduler::preempt(Sequence* seq, SchedulePlan& plan) {
   ++preemptions_;
   seq->state = SequenceState::Waiting;
   insert_waiting(seq);
-  plan.preempted.push_back(seq);
 }
 
 size_t Scheduler::pick_waiting() {
@@ -142,12 +141,14 @@ SchedulePlan Scheduler::schedule() {
       while (!cache_.reserve(seq->table, 1)) {
         Sequence* victim = running_.back();
         self_preempted = victim == seq;
-        preempt(victim, plan);
+        preempt(victim);
+        plan.preempted.push_back(victim);
         if (self_preempted) break;
       }
       if (self_preempted) break;  // it was the youngest: nothing after it remains
-      plan.chunks.push_back({seq, 1});
-      if (seq->num_pending() > 1) ++plan.prefill_tokens;  // a replayed token is recomputed work
+      const int32_t replayed = seq->num_pending() > 1 ? 1 : 0;  // a replayed token is recomputed work
+      plan.chunks.push_back({seq, 1, replayed});
+      plan.prefill_tokens += replayed;
     } else if (budget > 0) {
       const int32_t n = std::min(budget, seq->chunk_limit());
       if (n < whole_chunk(*seq)) continue;  // a fixed-steps sequence waits for its whole chunk
@@ -156,7 +157,7 @@ SchedulePlan Scheduler::schedule() {
       if (!cache_.reserve(seq->table, n)) continue;
       budget -= n;
       plan.prefill_tokens += n;
-      plan.chunks.push_back({seq, n});
+      plan.chunks.push_back({seq, n, n});
     }
   }
 
@@ -188,7 +189,7 @@ SchedulePlan Scheduler::schedule() {
     if (n < whole_chunk(*seq)) continue;  // admitted; its first chunk runs next step
     budget -= n;
     plan.prefill_tokens += n;
-    plan.chunks.push_back({seq, n});
+    plan.chunks.push_back({seq, n, n});
   }
 
   // 5. Sequences run but none got a chunk: each is a prefill whose next chunk
@@ -200,7 +201,8 @@ SchedulePlan Scheduler::schedule() {
   // sequence makes way, as a decode step would preempt it.
   if (plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty() && !running_.empty()) {
     if (prefix_.make_room && prefix_.make_room() > 0) return schedule();  // frees nothing the second time
-    preempt(running_.back(), plan);
+    plan.preempted.push_back(running_.back());
+    preempt(running_.back());
   }
   return plan;
 }

@@ -53,13 +53,14 @@ struct SchedulerOptions {
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int32_t n_tokens = 0;
+  int32_t prefill_tokens = 0;  // of them, prompt or recomputed tokens (a new decode token is not)
 };
 
 struct SchedulePlan {
   std::vector<ScheduledChunk> chunks;   // in priority order
   std::vector<Sequence*> admitted;      // newly running this step
   std::vector<Sequence*> preempted;     // moved back to waiting this step
-  int32_t prefill_tokens = 0;           // prompt tokens scheduled (decode tokens excluded)
+  int32_t prefill_tokens = 0;           // the chunks' prefill_tokens together
 
   bool empty() const { return chunks.empty(); }
 };
@@ -95,6 +96,11 @@ class Scheduler {
   void finish(Sequence* seq);
   // Plans the next step; reserves every block the plan needs.
   [[nodiscard]] SchedulePlan schedule();
+  // Moves a running sequence back to waiting (keeping its age), its blocks
+  // freed, to be computed again from scratch: recompute preemption. schedule()
+  // does this when a decode finds no block; the engine when a failed forward
+  // pass left the sequence's step half done.
+  void preempt(Sequence* seq);
 
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
@@ -105,7 +111,6 @@ class Scheduler {
 
  private:
   void insert_waiting(Sequence* seq);     // by age
-  void preempt(Sequence* seq, SchedulePlan& plan);
   void release(Sequence& seq);
   // Index in waiting_ of the sequence to admit next.
   size_t pick_waiting();

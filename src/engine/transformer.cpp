@@ -14,6 +14,21 @@
 
 namespace kvserve {
 
+namespace {
+
+// Runs a call into batch entry `entry`'s sparsity policy during the pass: an
+// Error it throws names the entry (the pass has begun: BatchEntryError).
+template <class F>
+void policy_call(size_t entry, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    throw BatchEntryError(entry, /*others_untouched=*/false, e.what());
+  }
+}
+
+}  // namespace
+
 void Transformer::plan_dense_attention(int32_t block_size, const std::vector<const BlockTable*>& tables,
                                        const std::vector<int32_t>& n_ctx) {
   const ModelConfig& c = config_;
@@ -183,13 +198,16 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
     const BatchEntry& b = batch[e];
     const int32_t start = b.table->num_tokens;
     const int64_t positions = int64_t(b.table->rope_position_of_new(start)) + int64_t(b.tokens.size());
+    // Checked for every entry before anything changes, so an entry that
+    // cannot run is the only one to fail.
+    auto refuse = [e](std::string message) { throw BatchEntryError(e, /*others_untouched=*/true, message); };
     if (positions > c.seq_len)
-      fail("sequence of {} tokens exceeds the model's context length of {}", positions, c.seq_len);
+      refuse(fmt::format("sequence of {} tokens exceeds the model's context length of {}", positions, c.seq_len));
     if (b.table->capacity(cache.block_size()) < start + int32_t(b.tokens.size()))
-      fail("internal: KV space for {} tokens was not reserved", b.tokens.size());
+      refuse(fmt::format("internal: KV space for {} tokens was not reserved", b.tokens.size()));
     for (size_t i = 0; i < b.tokens.size(); ++i) {
       if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab_size)
-        fail("token id {} is out of range (vocabulary of {})", b.tokens[i], c.vocab_size);
+        refuse(fmt::format("token id {} is out of range (vocabulary of {})", b.tokens[i], c.vocab_size));
       slots.push_back({int32_t(e), start + int32_t(i), b.table->rope_position_of_new(start + int32_t(i))});
     }
     out.first_row[e] = int32_t(n_rows);
@@ -204,9 +222,10 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
 
   // Sparsity: who needs keys, and whether attention runs through the policies.
   bool any_kv = false, any_sparse = false;
-  for (const BatchEntry& b : batch) {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& b = batch[e];
     if (b.policy == nullptr) continue;
-    b.policy->begin_forward(cache, *b.table, int32_t(b.tokens.size()));
+    policy_call(e, [&] { b.policy->begin_forward(cache, *b.table, int32_t(b.tokens.size())); });
     any_kv = any_kv || b.policy->wants_kv();
     any_sparse = any_sparse || b.policy->selects_reads() || b.policy->wants_attention_weights();
   }
@@ -273,13 +292,13 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
       }
       cache.write(layer, *b.table, s.pos, stored_k, v_.data() + t * kv_dim);
       if (any_kv && b.policy != nullptr && b.policy->wants_kv()) {
-        if (!pre_rope) {
-          b.policy->on_kv(layer, s.pos, k, v_.data() + t * kv_dim);
-          continue;
+        const float* key = k;
+        if (pre_rope) {
+          key_after_rope_.assign(k, k + kv_dim);
+          rope(key_after_rope_.data(), c.n_kv_heads, head_dim, s.rope, c.rope_theta);
+          key = key_after_rope_.data();
         }
-        key_after_rope_.assign(k, k + kv_dim);
-        rope(key_after_rope_.data(), c.n_kv_heads, head_dim, s.rope, c.rope_theta);
-        b.policy->on_kv(layer, s.pos, key_after_rope_.data(), v_.data() + t * kv_dim);
+        policy_call(size_t(s.entry), [&] { b.policy->on_kv(layer, s.pos, key, v_.data() + t * kv_dim); });
       }
     }
     for (const BatchEntry& b : batch)
@@ -357,8 +376,10 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   matmul(w.classifier, rows_.data(), out.values.data(), n_rows, &pool_);
 
   for (const BatchEntry& b : batch) cache.commit(*b.table, int32_t(b.tokens.size()));
-  for (const BatchEntry& b : batch)
-    if (b.policy != nullptr) b.policy->after_forward(cache, *b.table, int32_t(b.tokens.size()));
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& b = batch[e];
+    if (b.policy != nullptr) policy_call(e, [&] { b.policy->after_forward(cache, *b.table, int32_t(b.tokens.size())); });
+  }
 }
 
 }  // namespace kvserve

@@ -16,6 +16,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "util/aligned_buffer.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace kvserve {
@@ -34,6 +35,29 @@ struct BatchEntry {
   // (a 1-token chunk of a prompt split by a shared budget included), so a
   // prompt's KV does not depend on how it was chunked.
   bool decode = false;
+};
+
+// A batch entry the forward pass could not run, named by its index, so the
+// caller can fail that sequence alone.
+//   others_untouched: thrown before the pass changed anything (a position
+//     past the context, a token id out of range, KV space not reserved): the
+//     cache, every table and every policy are as they were, and the other
+//     entries can run again without it.
+//   otherwise: the entry's sparsity policy threw during the pass, after
+//     other entries' KV was written (not committed: tables are committed
+//     only at the end) and their policies fed, or after they were
+//     committed (a throw in after_forward); their state is not that of a
+//     finished step, so they must be recomputed.
+class BatchEntryError : public Error {
+ public:
+  BatchEntryError(size_t entry, bool others_untouched, const std::string& message)
+      : Error(message), entry_(entry), others_untouched_(others_untouched) {}
+  size_t entry() const { return entry_; }
+  bool others_untouched() const { return others_untouched_; }
+
+ private:
+  size_t entry_;
+  bool others_untouched_;
 };
 
 // Logits of a forward pass, one row per requested token, entries in batch order.
@@ -62,9 +86,12 @@ class Transformer {
   // Runs the new tokens of every entry, appending their K/V to the cache and
   // advancing each table's num_tokens; then lets each entry's policy evict.
   // REQUIRES: cache.reserve(*entry.table, entry.tokens.size()) succeeded for
-  // every entry; tables are distinct. Throws kvserve::Error when a RoPE
-  // position would pass the model's context length (positions within the
-  // cache never do while the cache is smaller) or a token id is out of range.
+  // every entry; tables are distinct. Throws BatchEntryError naming the
+  // entry, before changing anything, when a RoPE position would pass the
+  // model's context length (positions within the cache never do while the
+  // cache is smaller), a token id is out of range or an entry's KV space was
+  // not reserved; and naming the entry whose sparsity policy threw
+  // kvserve::Error during the pass.
   void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
 
   const ModelConfig& config() const { return config_; }
