@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <utility>
 
 #include "util/error.h"
 
@@ -187,6 +188,66 @@ TEST_F(SchedulerTest, PrefixAwareOrderingAdmitsCachedPrefixesFirstButNotForever)
   }
   // 2 (cached) overtakes 1; 4 overtakes 1 again; then 1 has been skipped twice.
   EXPECT_EQ(order, (std::vector<RequestId>{2, 4, 1, 3, 5}));
+}
+
+// A step whose running sequences all find no room for their next chunk
+// (here an evicting prefill, which reserves chunk by chunk) makes room
+// (pins, idle sidecars) and plans them again before admission, which runs
+// once: a step planned from scratch after making room admitted the same
+// request with a second prefix-cache match and passed the older one over
+// twice (counting towards max_skips at twice the rate). When the room made
+// does not help, the youngest running sequence makes way, once: with a
+// match that pins again what make_room unpinned (pin-after-hits), planning
+// from scratch recursed for as long as rooms were made (8 matches here, until
+// the request passed over reached max_skips; alone, it would not end).
+TEST_F(SchedulerTest, MakingRoomForAStuckStepRunsAdmissionOnce) {
+  for (const bool room_helps : {true, false}) {
+    SCOPED_TRACE(room_helps ? "room helps" : "room does not help");
+    int32_t matches = 0, rooms = 0;
+    bool pinned = false;
+    BlockTable held;  // pinned blocks make_room gives back when the room helps
+    hooks.cached_tokens = [](Sequence& s, int32_t* idle) {
+      if (idle) *idle = 0;
+      return s.num_prompt() == 4 ? 4 : 0;
+    };
+    hooks.match = [&](Sequence& s) {
+      matches += s.num_prompt() == 4;
+      pinned = true;
+      return 0;
+    };
+    hooks.make_room = [&] {
+      ++rooms;
+      int32_t n = std::exchange(pinned, false) ? 1 : 0;
+      if (room_helps) n += int32_t(held.blocks.size()), cache->release(held);
+      return n;
+    };
+    SchedulerOptions o;
+    o.max_batch_prefill_tokens = 8;
+    make(4, o);
+    seqs.clear();
+    Sequence* a = add(12);
+    a->policy = make_sparsity_policy({.policy = "window", .budget = 8}, *cache);
+    SchedulePlan p = sched->schedule();
+    EXPECT_EQ(chunks(p), (Chunks{{1, 8}}));  // the first chunk's blocks only
+    run(p);
+    ASSERT_TRUE(cache->reserve(held, 8));    // the other two blocks
+    Sequence* c = add(6);
+    add(4);  // a cached prefix: admitted before c
+    matches = 0;
+    p = sched->schedule();
+    EXPECT_EQ(rooms, 1);
+    EXPECT_EQ(matches, 1);
+    EXPECT_EQ(c->skipped, 1);
+    if (room_helps) {
+      EXPECT_EQ(chunks(p), (Chunks{{1, 4}, {3, 4}}));
+    } else {
+      EXPECT_TRUE(p.chunks.empty());
+      ASSERT_EQ(p.preempted.size(), 1u);
+      EXPECT_EQ(p.preempted[0], a);
+    }
+    sched.reset();
+    cache->release(held);
+  }
 }
 
 TEST_F(SchedulerTest, RejectsBadOptions) {

@@ -126,12 +126,9 @@ int32_t Scheduler::whole_chunk(const Sequence& seq) const {
   return seq.fixed_steps() ? std::min(seq.chunk_limit(), options_.max_batch_prefill_tokens) : 1;
 }
 
-SchedulePlan Scheduler::schedule() {
-  SchedulePlan plan;
-  int32_t budget = options_.max_batch_prefill_tokens;
-
-  // 1-2. Running sequences, oldest first. Victims are taken from the back, so
-  // a victim has never been planned in this step.
+void Scheduler::plan_running(SchedulePlan& plan, int32_t& budget) {
+  // Oldest first. Victims are taken from the back, so a victim has never
+  // been planned in this step.
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* seq = running_[i];
     if (seq->decoding()) {
@@ -160,8 +157,10 @@ SchedulePlan Scheduler::schedule() {
       plan.chunks.push_back({seq, n, n});
     }
   }
+}
 
-  // 3-4. Admission, unless memory was short this very step.
+void Scheduler::admit_waiting(SchedulePlan& plan, int32_t& budget) {
+  // Not when memory was short this very step.
   while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
          int32_t(running_.size()) < options_.max_num_seqs) {
     const size_t pick = pick_waiting();
@@ -191,16 +190,34 @@ SchedulePlan Scheduler::schedule() {
     plan.prefill_tokens += n;
     plan.chunks.push_back({seq, n, n});
   }
+}
+
+SchedulePlan Scheduler::schedule() {
+  SchedulePlan plan;
+  int32_t budget = options_.max_batch_prefill_tokens;
+
+  // 1-2. Running sequences.
+  plan_running(plan, budget);
 
   // 5. Sequences run but none got a chunk: each is a prefill whose next chunk
-  // found no room (its FP16 staging slots are taken chunk by chunk), and
-  // nothing in flight will free any. An empty plan put the engine to sleep
-  // with requests queued (a helper's int4-small server at 160 KiB: one
-  // recompute stuck, the rest waiting until their clients gave up). Idle
-  // cached blocks' sidecars and pins go first; then the youngest running
-  // sequence makes way, as a decode step would preempt it.
-  if (plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty() && !running_.empty()) {
-    if (prefix_.make_room && prefix_.make_room() > 0) return schedule();  // frees nothing the second time
+  // found no room (its FP16 staging slots are taken chunk by chunk, an
+  // evicting sequence's blocks too), and nothing in flight will free any. An
+  // empty plan put the engine to sleep with requests queued (a helper's
+  // int4-small server at 160 KiB: one recompute stuck, the rest waiting
+  // until their clients gave up). Idle cached blocks' sidecars and pins go
+  // first, and the running sequences are planned again: planning nothing
+  // changed nothing, so that repeats no effect. Admission runs once, after:
+  // planning the whole step again repeated its effects (prefix-cache
+  // matches, requests counted as passed over).
+  const bool stuck = plan.chunks.empty() && plan.preempted.empty() && !running_.empty();
+  if (stuck && prefix_.make_room && prefix_.make_room() > 0) plan_running(plan, budget);
+
+  // 3-4. Admission.
+  admit_waiting(plan, budget);
+
+  // Still nothing: the youngest running sequence makes way, as a decode step
+  // would preempt it.
+  if (stuck && plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty()) {
     plan.preempted.push_back(running_.back());
     preempt(running_.back());
   }

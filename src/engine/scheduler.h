@@ -82,7 +82,9 @@ struct PrefixHooks {
   std::function<void(Sequence&)> release;
   // Unpins every pinned block and gives back idle blocks' staging slots;
   // returns how many. Called when nothing runs and the next waiting sequence
-  // still does not fit: neither may hold the queue up forever.
+  // still does not fit, and (at most once a step, before admission) when no
+  // running sequence found room for its next chunk: neither may hold the
+  // queue up forever.
   std::function<int32_t()> make_room;
 };
 
@@ -118,6 +120,10 @@ class Scheduler {
   // chunk under fixed steps (sequence.h), else any.
   int32_t whole_chunk(const Sequence& seq) const;
   [[nodiscard]] bool admit(Sequence* seq, int32_t budget);  // budget: prompt tokens left this step
+  // schedule()'s steps 1-2 (chunks for running sequences) and 3-4 (admission)
+  // into plan, taking prompt tokens from budget.
+  void plan_running(SchedulePlan& plan, int32_t& budget);
+  void admit_waiting(SchedulePlan& plan, int32_t& budget);
 
   SchedulerOptions options_;
   KvCache& cache_;
