@@ -484,6 +484,68 @@ TEST_F(HttpServerTest, LogprobsDescribeEveryGeneratedToken) {
   EXPECT_TRUE(post("/v1/completions", completion("Once", 2)).body["choices"][0]["logprobs"].is_null());
 }
 
+// A generation that ends on an end token (EOS) has no logprobs entry for it,
+// streamed or not (README: the end token counts in completion_tokens but adds
+// no text and no entry), and one cut by a stop string keeps the entry of the
+// token that matched: streamed entries equal whole ones in both endpoints.
+TEST_F(HttpServerTest, StreamedAndWholeLogprobsAgreeAtTheEnd) {
+  start();
+  auto entries = [](const json& logprobs, bool chat) {
+    json out = json::array();
+    if (logprobs.is_null()) return out;
+    if (chat) {
+      for (const json& e : logprobs["content"]) out.push_back({e["token"], e["logprob"]});
+    } else {
+      for (size_t k = 0; k < logprobs["tokens"].size(); ++k)
+        out.push_back({logprobs["tokens"][k], logprobs["token_logprobs"][k]});
+    }
+    return out;
+  };
+  int eos_stops = 0;
+  for (const bool chat : {false, true}) {
+    for (const std::string& prompt : kPrompts) {
+      for (const bool stop_string : {false, true}) {
+        SCOPED_TRACE(prompt + (chat ? " chat" : " completion") + (stop_string ? " stop string" : ""));
+        json body = completion(prompt, 250);
+        if (chat) {
+          body.erase("prompt");
+          body["messages"] = {{{"role", "user"}, {"content", prompt}}};
+          body["logprobs"] = true;
+          body["top_logprobs"] = 1;
+        } else {
+          body["logprobs"] = 1;
+        }
+        if (stop_string) body["stop"] = {"."};
+        const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+        const Reply whole = post(path, body);
+        ASSERT_EQ(whole.status, 200) << whole.raw;
+        const json& choice = whole.body["choices"][0];
+        const json want = entries(choice["logprobs"], chat);
+        body["stream"] = true;
+        body["stream_options"] = {{"include_usage", true}};
+        const Reply streamed = post(path, body);
+        json got = json::array();
+        for (const json& c : streamed.chunks)
+          if (!c["choices"].empty())
+            for (const json& e : entries(c["choices"][0]["logprobs"], chat)) got.push_back(e);
+        EXPECT_EQ(got, want);
+        const int completion_tokens = whole.body["usage"]["completion_tokens"];
+        EXPECT_EQ(streamed.chunks.back()["usage"]["completion_tokens"], completion_tokens);
+        std::string joined;
+        for (const json& e : want) joined += e[0].get<std::string>();
+        if (choice["finish_reason"] == "stop" && !stop_string) {
+          ++eos_stops;
+          EXPECT_EQ(int(want.size()), completion_tokens - 1);  // no entry for the end token
+          EXPECT_EQ(joined, chat ? choice["message"]["content"] : choice["text"]);
+        } else {
+          EXPECT_EQ(int(want.size()), completion_tokens);
+        }
+      }
+    }
+  }
+  EXPECT_GT(eos_stops, 0);  // some prompt ended on EOS
+}
+
 // echo with logprobs scores the prompt (lm-eval's loglikelihood requests):
 // each prompt token after the first gets the log-softmax its prefix's logits
 // give it, as a direct forward pass computes them, also when the same
