@@ -385,13 +385,16 @@ TEST_F(EngineTest, CacheEventsOfOtherTenantsAreFilteredOutAndPagedPast) {
 
 // A step one sequence cannot run (a token out of range, as a request that
 // slipped validation would bring; a sparsity policy that throws partway
-// through the pass) fails that sequence alone with the error; the others of
-// its batch go on and end exactly as they would have: run again at once when
-// the pass had not begun, recomputed when it had written their KV.
+// through the pass, kvserve::Error or a library's std::runtime_error, also
+// on a thread-pool worker) fails that sequence alone with the error; the
+// others of its batch go on and end exactly as they would have: run again at
+// once when the pass had not begun, recomputed when it had written their KV.
 TEST_F(EngineTest, AStepOneSequenceCannotRunFailsItAlone) {
-  testing_faults::ThrowingPolicy throwing(1, "the key index failed");
-  for (const bool partway : {false, true}) {
-    SCOPED_TRACE(partway ? "policy throws partway" : "token out of range");
+  enum class Fault { Token, Error, Library, Select };
+  for (const Fault fault : {Fault::Token, Fault::Error, Fault::Library, Fault::Select}) {
+    const bool partway = fault != Fault::Token;
+    SCOPED_TRACE(testing::Message() << "fault " << int(fault));
+    testing_faults::ThrowingPolicy throwing(1, "the key index failed", fault >= Fault::Library, fault == Fault::Select);
     EngineOptions o;
     o.threads = 2;
     std::map<RequestId, Collected> out;
@@ -399,9 +402,11 @@ TEST_F(EngineTest, AStepOneSequenceCannotRunFailsItAlone) {
     const std::vector<int32_t> bad_prompt = tok->encode("Zebras do not", true);
     std::vector<int32_t> corrupted = bad_prompt;
     corrupted.back() = model->config().vocab_size;
+    const BlockTable* bad_table = nullptr;  // known from its prompt; its decode steps have one token each
     engine.set_batch_hook_for_tests([&](std::vector<BatchEntry>& batch) {
       for (BatchEntry& e : batch) {
-        if (!std::equal(e.tokens.begin(), e.tokens.end(), bad_prompt.begin(), bad_prompt.end())) continue;
+        if (std::equal(e.tokens.begin(), e.tokens.end(), bad_prompt.begin(), bad_prompt.end())) bad_table = e.table;
+        if (e.table != bad_table) continue;
         if (partway) e.policy = &throwing;
         else e.tokens = corrupted;
       }

@@ -1,6 +1,7 @@
 // Faults the tests inject into a forward pass.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 
 #include "attention/sparsity_policy.h"
@@ -8,21 +9,35 @@
 
 namespace kvserve::testing_faults {
 
-// A sparsity policy that keeps every token and throws kvserve::Error from
-// on_kv at `layer`: a failure partway through a pass, after every entry's
-// KV of the layers before it was written.
+// A sparsity policy that keeps every token and throws kvserve::Error (or,
+// with `library`, std::runtime_error, as hnswlib does) at `layer`: from
+// on_kv, a failure partway through a pass, after every entry's KV of the
+// layers before it was written; or, with `in_select`, from select, which a
+// decode query's attention calls on a thread-pool worker.
 class ThrowingPolicy : public SparsityPolicy {
  public:
-  explicit ThrowingPolicy(int layer, std::string message) : layer_(layer), message_(std::move(message)) {}
+  explicit ThrowingPolicy(int layer, std::string message, bool library = false, bool in_select = false)
+      : layer_(layer), message_(std::move(message)), library_(library), in_select_(in_select) {}
   std::string_view name() const override { return "throwing"; }
-  bool wants_kv() const override { return true; }
+  bool wants_kv() const override { return !in_select_; }
+  bool selects_reads() const override { return in_select_; }
   void on_kv(int layer, int32_t, const float*, const float*) override {
-    if (layer == layer_) throw Error(message_);
+    if (!in_select_) maybe_throw(layer);
+  }
+  void select(int layer, int, const float*, int, int32_t, ReadSet& out) const override {
+    out = {};  // every token
+    maybe_throw(layer);
   }
 
  private:
+  void maybe_throw(int layer) const {
+    if (layer != layer_) return;
+    if (library_) throw std::runtime_error(message_);
+    throw Error(message_);
+  }
   int layer_;
   std::string message_;
+  bool library_, in_select_;
 };
 
 }  // namespace kvserve::testing_faults

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <mutex>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -168,6 +170,43 @@ TEST(ThreadPool, DestructionWhileIdle) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   SUCCEED();
+}
+
+// An exception thrown by a worker's range reaches the caller (on a worker
+// thread it would end the process), and the pool runs jobs afterwards.
+TEST(ThreadPool, AWorkersExceptionReachesTheCaller) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 20; ++round) {
+    EXPECT_THROW(pool.parallel_for(3, 1,
+                                   [](int64_t begin, int64_t, int thread) {
+                                     if (thread == 2) throw std::runtime_error("range " + std::to_string(begin));
+                                   }),
+                 std::runtime_error);
+    check_coverage(pool, 100, 1);
+  }
+  EXPECT_THROW(pool.parallel_chunks(64, 1, [](int64_t begin, int64_t, int) {
+    if (begin == 40) throw std::runtime_error("chunk 40");
+  }),
+               std::runtime_error);
+  check_coverage(pool, 100, 7);
+}
+
+// A throw on the caller's own range returns only after the workers have left
+// fn: they read it, and what it captures, until then.
+TEST(ThreadPool, ACallersExceptionWaitsForTheWorkers) {
+  ThreadPool pool(2);
+  std::atomic<bool> worker_done{false};
+  try {
+    pool.parallel_for(2, 1, [&](int64_t, int64_t, int thread) {
+      if (thread == 0) throw std::runtime_error("caller");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      worker_done.store(true);
+    });
+    ADD_FAILURE() << "nothing was thrown";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "caller");
+    EXPECT_TRUE(worker_done.load());
+  }
 }
 
 TEST(ThreadPool, DefaultThreadCountIsPositive) { EXPECT_GE(default_thread_count(), 1); }

@@ -639,6 +639,14 @@ bool Engine::forward(SchedulePlan& plan, std::vector<BatchEntry>& batch) {
       // error it can trace to one): the whole batch fails.
       for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, e.what());
       return false;
+    } catch (const std::exception& e) {
+      // Not ours (std::bad_alloc, a library's exception from a thread-pool
+      // job): on the engine thread it would end the process. The batch fails;
+      // the engine goes on with the others, whose state this step never
+      // touched.
+      for (const ScheduledChunk& c : plan.chunks)
+        finish(c.seq, FinishReason::Error, -1, {}, fmt::format("internal error in the forward pass: {}", e.what()));
+      return false;
     }
   }
 }

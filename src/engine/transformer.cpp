@@ -17,12 +17,14 @@ namespace kvserve {
 namespace {
 
 // Runs a call into batch entry `entry`'s sparsity policy during the pass: an
-// Error it throws names the entry (the pass has begun: BatchEntryError).
+// exception it throws (kvserve::Error, or a library's: hnswlib and faiss
+// throw std::runtime_error and faiss::FaissException) names the entry (the
+// pass has begun: BatchEntryError).
 template <class F>
 void policy_call(size_t entry, F&& f) {
   try {
     f();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     throw BatchEntryError(entry, /*others_untouched=*/false, e.what());
   }
 }
@@ -329,7 +331,9 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
             SparsityPolicy* policy = b.policy;
             // Read-time choices apply to decode queries; prefill reads everything.
             if (policy != nullptr && policy->selects_reads() && b.decode) {
-              policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.reads);
+              // On a pool thread: the pool hands the throw to forward's caller.
+              policy_call(size_t(s.entry),
+                          [&] { policy->select(layer, unit.kv_head, q_.data() + off, group, n_ctx, ps.reads); });
               sparsity.blocks = ps.reads.blocks;
               sparsity.keep = ps.reads.keep;
               int64_t read = n_ctx;
@@ -347,7 +351,8 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
             }
             attend_kv_head(cache, layer, *b.table, n_ctx, unit.kv_head, group, head_dim, q_.data() + off,
                            att_.data() + off, scratch_[size_t(thread)], sparsity);
-            if (sparsity.weights != nullptr) policy->observe(layer, unit.kv_head, sparsity.weights, n_ctx);
+            if (sparsity.weights != nullptr)
+              policy_call(size_t(s.entry), [&] { policy->observe(layer, unit.kv_head, sparsity.weights, n_ctx); });
           }
         }
       });

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace kvserve {
 
@@ -54,6 +55,15 @@ void ThreadPool::run_range(int thread_index) {
   if (begin < end) (*job_)(begin, end, thread_index);
 }
 
+void ThreadPool::run_range_caught(int thread_index) {
+  try {
+    run_range(thread_index);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;
@@ -71,8 +81,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  run_range(0);
+  run_range_caught(0);  // a throw here must still wait: the workers read fn
   for (int spins = 1; pending_.load(std::memory_order_acquire) != 0; ++spins) spin_pause(spins);
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));  // the workers are done with it
 }
 
 void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
@@ -125,7 +136,7 @@ void ThreadPool::worker_loop(int thread_index) {
     }
     seen = gen;
     if (stop_.load()) return;
-    run_range(thread_index);
+    run_range_caught(thread_index);
     pending_.fetch_sub(1, std::memory_order_release);
   }
 }

@@ -7,11 +7,17 @@
 // step is in flight.
 //
 // Thread safety: one caller at a time (the owner of the model). Not reentrant.
+//
+// An exception thrown by fn on any thread reaches the caller of
+// parallel_for / parallel_chunks, after every thread has left fn (the
+// first one thrown, if several); the job's other ranges may or may not
+// have run. On a worker thread it would otherwise end the process.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -48,6 +54,8 @@ class ThreadPool {
  private:
   void worker_loop(int thread_index);
   void run_range(int thread_index);
+  // run_range, keeping the first exception thrown for the caller.
+  void run_range_caught(int thread_index);
 
   int num_threads_;
   std::vector<std::thread> workers_;
@@ -67,6 +75,8 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};  // bumped once per job
   std::atomic<int> pending_{0};          // workers still running the job
   std::atomic<bool> stop_{false};
+  std::mutex error_mutex_;               // guards error_
+  std::exception_ptr error_;             // the job's first exception
   std::mutex mutex_;                     // guards sleeping on wake_
   std::condition_variable wake_;
 };
