@@ -83,6 +83,11 @@ TEST_F(ChatTemplateTest, PlainIsTheDocumentedTranscript) {
   ASSERT_EQ(segs.size(), 1u);
   EXPECT_EQ(segs[0].text, whole);
   EXPECT_EQ(t.render(kChat), stories.encode(whole, true));
+  // A reply sent back as generated, with its leading space, renders the same.
+  std::vector<ChatMessage> returned = kChat;
+  for (ChatMessage& m : returned)
+    if (m.role == "assistant") m.content = " " + m.content;
+  EXPECT_EQ(t.segments(returned)[0].text, whole);
   // stories260K has no template: the model falls back to plain and says why.
   const ChatTemplate from_model = ChatTemplate::for_model(*model);
   EXPECT_EQ(from_model.format(), ChatFormat::Plain);

@@ -787,6 +787,28 @@ TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
   EXPECT_TRUE(r.done);
 }
 
+// A conversation that comes back with the reply as it was generated (its
+// leading space included) finds its first turn and that reply in the prefix
+// cache: the plain transcript renders the reply as the tokens the model
+// generated after "Assistant:". (With a space added, only the blocks before
+// the reply matched.)
+TEST_F(HttpServerTest, AReturningChatFindsItsReplyInThePrefixCache) {
+  start();
+  json turn = {{"role", "user"}, {"content", "Tell me a story about a big red ball."}};
+  json body = {{"model", "stories260K"}, {"messages", {turn}}, {"max_tokens", 48}, {"temperature", 0}};
+  const Reply first = post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.raw;
+  const std::string reply = first.body["choices"][0]["message"]["content"];
+  ASSERT_EQ(reply.rfind(' ', 0), 0u) << reply;  // SentencePiece replies begin with a space
+  const int64_t computed = first.body["usage"]["total_tokens"].get<int64_t>() - 1;  // the last token's KV is not
+  body["messages"] = {turn, {{"role", "assistant"}, {"content", reply}}, {{"role", "user"}, {"content", "And then?"}}};
+  const Reply second = post("/v1/chat/completions", body);
+  ASSERT_EQ(second.status, 200) << second.raw;
+  const int64_t block = engine_->cache().block_size();
+  EXPECT_EQ(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), computed / block * block)
+      << first.body["usage"].dump();
+}
+
 TEST_F(HttpServerTest, TokenizeAndDetokenizeAgreeWithTheCompletionRoutes) {
   start();
   // A prompt: the tokens a completion of it runs (its usage counts them).

@@ -133,8 +133,16 @@ std::vector<ChatSegment> ChatTemplate::segments(const std::vector<ChatMessage>& 
       for (const ChatMessage& m : messages) {
         if (m.role == "system") {
           add_text(out, m.content + "\n\n");
+        } else if (m.role == "user") {
+          add_text(out, "User: " + m.content + "\n");
         } else {
-          add_text(out, (m.role == "user" ? "User: " : "Assistant: ") + m.content + "\n");
+          // The generation prompt ends at "Assistant:", so a reply sent back
+          // as generated begins with the space the model wrote after it:
+          // another space would tokenize the turn unlike the tokens the model
+          // generated, and a returning conversation would miss the prefix
+          // cache from its first reply on.
+          const bool spaced = !m.content.empty() && m.content[0] == ' ';
+          add_text(out, (spaced ? "Assistant:" : "Assistant: ") + m.content + "\n");
         }
       }
       add_text(out, "Assistant:");
