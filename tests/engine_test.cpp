@@ -414,7 +414,7 @@ TEST_F(EngineTest, AStepOneSequenceCannotRunFailsItAlone) {
     std::map<RequestId, size_t> which;
     RequestId bad = 0;
     for (size_t i = 0; i < kPrompts.size(); ++i) {
-      if (i == 3) bad = engine.submit(request("Zebras do not", 20, out)).id;
+      if (i == 7) bad = engine.submit(request("Zebras do not", 20, out)).id;  // its attention on the worker
       which[engine.submit(request(kPrompts[i], 20, out)).id] = i;
     }
     engine.run_until_idle();
@@ -428,6 +428,9 @@ TEST_F(EngineTest, AStepOneSequenceCannotRunFailsItAlone) {
     EXPECT_EQ(s.finished_error, 1);
     EXPECT_EQ(s.preemptions, partway ? int64_t(kPrompts.size()) : 0);  // all ran in the bad one's step
     EXPECT_EQ(s.kv.blocks_used, 0);
+    if (fault == Fault::Select) {
+      EXPECT_GT(throwing.throws_off_owner.load(), 0);  // thrown on a pool worker
+    }
   }
 }
 

@@ -1,8 +1,10 @@
 // Faults the tests inject into a forward pass.
 #pragma once
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "attention/sparsity_policy.h"
 #include "util/error.h"
@@ -26,8 +28,11 @@ class ThrowingPolicy : public SparsityPolicy {
   }
   void select(int layer, int, const float*, int, int32_t, ReadSet& out) const override {
     out = {};  // every token
+    if (layer == layer_ && std::this_thread::get_id() != owner_) throws_off_owner.fetch_add(1);
     maybe_throw(layer);
   }
+  // Throws from threads other than the one that made the policy (the pool's workers).
+  mutable std::atomic<int> throws_off_owner{0};
 
  private:
   void maybe_throw(int layer) const {
@@ -38,6 +43,7 @@ class ThrowingPolicy : public SparsityPolicy {
   int layer_;
   std::string message_;
   bool library_, in_select_;
+  std::thread::id owner_ = std::this_thread::get_id();
 };
 
 }  // namespace kvserve::testing_faults

@@ -1032,6 +1032,9 @@ TEST_F(HttpServerTest, CacheEventsAdminIsATenantOfItsOwnKey) {
   ho.kv_events_admin = std::string(kDefaultTenant);
   testing_files::expect_error_containing([&] { start({}, ho, ApiKeys::parse("sk-a default\n", "keys")); },
                                          "cannot be the 'default' tenant");
+  ho.kv_events_admin = "router";  // a tenant of a key, but no events are logged
+  testing_files::expect_error_containing([&] { start({}, ho, ApiKeys::parse("sk-r router\n", "keys")); },
+                                         "'router' reads no events: --kv-events N is off");
 }
 
 TEST_F(HttpServerTest, CacheEventsRouteIsOffUnlessAsked) {

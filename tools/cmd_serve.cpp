@@ -121,6 +121,9 @@ void run(ServeArgs& a) {
                (long long)std::min<int64_t>(engine.max_sequence_tokens(), model->config().seq_len), eo.scheduler.max_num_seqs,
                eo.max_waiting,
                server.chat_template() ? server.chat_template()->note().c_str() : "no vocabulary: token-id prompts only");
+  if (eo.cache_event_log > 0 && !a.api_keys.empty() && a.http.kv_events_admin.empty())  // a router sees less
+    std::fprintf(stderr, "kvserve: GET /v1/kv/events: each key reads its own tenant's events and the shared scope's "
+                         "(--kv-events-admin TENANT names a router's tenant that reads all)\n");
   std::fprintf(stderr, "kvserve: listening on http://%s:%d\n", a.http.host.c_str(), port);
 
   const int sig = signals.wait();

@@ -86,8 +86,9 @@ struct CacheEventRecord {
 };
 
 // Which logged events Engine::cache_events returns. A tenant's events are
-// its own business: though salted, its chains of keys say when it sent
-// prompts, how long they were and which of them share a prefix. A caller on
+// its own business: though salted, its chains of keys say which of its
+// prompts share a prefix. (The numbering stays shared: the gaps a caller
+// sees show how many events others caused, and when.) A caller on
 // a tenant's behalf names it and reads only that tenant's events and the
 // global account's (the scope every tenant shares).
 struct CacheEventQuery {

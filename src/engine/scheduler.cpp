@@ -196,30 +196,29 @@ SchedulePlan Scheduler::schedule() {
   SchedulePlan plan;
   int32_t budget = options_.max_batch_prefill_tokens;
 
-  // 1-2. Running sequences.
+  // 1-2. Running sequences; 3-4. admission.
   plan_running(plan, budget);
-
-  // 5. Sequences run but none got a chunk: each is a prefill whose next chunk
-  // found no room (its FP16 staging slots are taken chunk by chunk, an
-  // evicting sequence's blocks too), and nothing in flight will free any. An
-  // empty plan put the engine to sleep with requests queued (a helper's
-  // int4-small server at 160 KiB: one recompute stuck, the rest waiting
-  // until their clients gave up). Idle cached blocks' sidecars and pins go
-  // first, and the running sequences are planned again: planning nothing
-  // changed nothing, so that repeats no effect. Admission runs once, after:
-  // planning the whole step again repeated its effects (prefix-cache
-  // matches, requests counted as passed over).
-  const bool stuck = plan.chunks.empty() && plan.preempted.empty() && !running_.empty();
-  if (stuck && prefix_.make_room && prefix_.make_room() > 0) plan_running(plan, budget);
-
-  // 3-4. Admission.
   admit_waiting(plan, budget);
 
-  // Still nothing: the youngest running sequence makes way, as a decode step
-  // would preempt it.
-  if (stuck && plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty()) {
-    plan.preempted.push_back(running_.back());
-    preempt(running_.back());
+  // 5. Sequences run but nothing got a chunk: each running one is a prefill
+  // whose next chunk found no room (its FP16 staging slots are taken chunk by
+  // chunk, an evicting sequence's blocks too), and nothing in flight will
+  // free any. An empty plan put the engine to sleep with requests queued (a
+  // helper's int4-small server at 160 KiB: one recompute stuck, the rest
+  // waiting until their clients gave up). Idle cached blocks' sidecars and
+  // pins go first (only now: a waiting request admitted keeps them), and the
+  // running sequences are planned again: planning nothing changed nothing,
+  // so that repeats no effect. Admission does not run again (a waiting
+  // request the room lets in comes in next step): planning the whole step
+  // again repeated its effects (prefix-cache matches, requests counted as
+  // passed over). Still nothing: the youngest running sequence makes way, as
+  // a decode step would preempt it.
+  if (plan.chunks.empty() && plan.preempted.empty() && plan.admitted.empty() && !running_.empty()) {
+    if (prefix_.make_room && prefix_.make_room() > 0) plan_running(plan, budget);
+    if (plan.chunks.empty() && plan.preempted.empty()) {
+      plan.preempted.push_back(running_.back());
+      preempt(running_.back());
+    }
   }
   return plan;
 }

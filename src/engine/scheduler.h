@@ -82,9 +82,9 @@ struct PrefixHooks {
   std::function<void(Sequence&)> release;
   // Unpins every pinned block and gives back idle blocks' staging slots;
   // returns how many. Called when nothing runs and the next waiting sequence
-  // still does not fit, and (at most once a step, before admission) when no
-  // running sequence found room for its next chunk: neither may hold the
-  // queue up forever.
+  // still does not fit, and (at most once a step) when no running sequence
+  // found room for its next chunk and admission let nothing in: neither may
+  // hold the queue up forever.
   std::function<int32_t()> make_room;
 };
 

@@ -90,8 +90,8 @@ class Transformer {
   // entry, before changing anything, when a RoPE position would pass the
   // model's context length (positions within the cache never do while the
   // cache is smaller), a token id is out of range or an entry's KV space was
-  // not reserved; and naming the entry whose sparsity policy threw
-  // kvserve::Error during the pass.
+  // not reserved; and naming the entry whose sparsity policy threw (any
+  // exception) during the pass.
   void forward(const std::vector<BatchEntry>& batch, KvCache& cache, Logits& out);
 
   const ModelConfig& config() const { return config_; }

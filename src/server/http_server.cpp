@@ -193,6 +193,8 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
          "a tenant of its own", kDefaultTenant);
   if (!options_.kv_events_admin.empty() && !keys_.has_tenant(options_.kv_events_admin))
     fail("the prefix-cache events admin '{}' is the tenant of no API key (--api-keys)", options_.kv_events_admin);
+  if (!options_.kv_events_admin.empty() && !cache_events_)
+    fail("the prefix-cache events admin '{}' reads no events: --kv-events N is off", options_.kv_events_admin);
 
   const Model& model = engine.model();
   model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()

@@ -75,8 +75,9 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};  // bumped once per job
   std::atomic<int> pending_{0};          // workers still running the job
   std::atomic<bool> stop_{false};
-  std::mutex error_mutex_;               // guards error_
-  std::exception_ptr error_;             // the job's first exception
+  std::mutex error_mutex_;               // guards error_ while a job runs
+  std::exception_ptr error_;             // the job's first exception; the caller reads and clears it
+                                         // unlocked once pending_ (acquire) is 0: the workers are done
   std::mutex mutex_;                     // guards sleeping on wake_
   std::condition_variable wake_;
 };
