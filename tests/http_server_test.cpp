@@ -276,7 +276,8 @@ class HttpServerTest : public ::testing::Test {
   }
 
   // Greedy text and token count generate() produces for `prompt` and max_tokens new tokens.
-  std::pair<std::string, int32_t> greedy(const std::vector<int32_t>& prompt, int32_t max_tokens) const {
+  // The prompt and then the tokens a greedy run generates after it.
+  std::vector<int32_t> greedy_tokens(const std::vector<int32_t>& prompt, int32_t max_tokens) const {
     ThreadPool pool(1);
     KvCacheOptions o;
     KvCache cache(model_->config(), o);
@@ -285,10 +286,14 @@ class HttpServerTest : public ::testing::Test {
     GenerateOptions g;
     g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;  // positions, as llama2.c counts them
     g.sampling.temperature = 0;
-    const GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok.bos_id(), tok.eos_id());
+    return generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok.bos_id(), tok.eos_id()).tokens;
+  }
+  std::pair<std::string, int32_t> greedy(const std::vector<int32_t>& prompt, int32_t max_tokens) const {
+    const std::vector<int32_t> all = greedy_tokens(prompt, max_tokens);
+    const Tokenizer& tok = model_->require_tokenizer();
     std::string text;
-    for (size_t k = prompt.size(); k < r.tokens.size(); ++k) text += tok.decode_piece(r.tokens[k - 1], r.tokens[k]);
-    return {text, int32_t(r.tokens.size() - prompt.size())};
+    for (size_t k = prompt.size(); k < all.size(); ++k) text += tok.decode_piece(all[k - 1], all[k]);
+    return {text, int32_t(all.size() - prompt.size())};
   }
   std::vector<int32_t> encode(const std::string& text) const {
     const Tokenizer& tok = model_->require_tokenizer();
@@ -789,24 +794,36 @@ TEST_F(HttpServerTest, ChatEqualsGreedyOnTheTemplatePrompt) {
 
 // A conversation that comes back with the reply as it was generated (its
 // leading space included) finds its first turn and that reply in the prefix
-// cache: the plain transcript renders the reply as the tokens the model
-// generated after "Assistant:". (With a space added, only the blocks before
-// the reply matched.)
+// cache, as far as the rendered reply tokenizes as the model generated it:
+// the plain transcript renders the reply right after "Assistant:". (With a
+// space added, the match ended at "Assistant:".)
 TEST_F(HttpServerTest, AReturningChatFindsItsReplyInThePrefixCache) {
   start();
-  json turn = {{"role", "user"}, {"content", "Tell me a story about a big red ball."}};
-  json body = {{"model", "stories260K"}, {"messages", {turn}}, {"max_tokens", 48}, {"temperature", 0}};
+  const ChatTemplate& chat = *server_->chat_template();
+  std::vector<ChatMessage> turns = {{"user", "Tell me a story about a big red ball."}};
+  json body = {{"model", "stories260K"},
+               {"messages", {{{"role", "user"}, {"content", turns[0].content}}}},
+               {"max_tokens", 48},
+               {"temperature", 0}};
   const Reply first = post("/v1/chat/completions", body);
   ASSERT_EQ(first.status, 200) << first.raw;
   const std::string reply = first.body["choices"][0]["message"]["content"];
   ASSERT_EQ(reply.rfind(' ', 0), 0u) << reply;  // SentencePiece replies begin with a space
-  const int64_t computed = first.body["usage"]["total_tokens"].get<int64_t>() - 1;  // the last token's KV is not
-  body["messages"] = {turn, {{"role", "assistant"}, {"content", reply}}, {{"role", "user"}, {"content", "And then?"}}};
+  const size_t asked = chat.render(turns).size();
+  std::vector<int32_t> ran = greedy_tokens(chat.render(turns), 48);  // the first turn's prompt and reply
+  ran.pop_back();                                                   // the last token's KV is not computed
+  turns.push_back({"assistant", reply});
+  turns.push_back({"user", "And then?"});
+  const std::vector<int32_t> resent = chat.render(turns);
+  const size_t common =
+      size_t(std::mismatch(ran.begin(), ran.end(), resent.begin(), resent.end()).first - ran.begin());
+  EXPECT_GT(common, asked + 8) << "the reply's tokens differ from the generated ones from its first word on";
+  body["messages"].push_back({{"role", "assistant"}, {"content", reply}});
+  body["messages"].push_back({{"role", "user"}, {"content", "And then?"}});
   const Reply second = post("/v1/chat/completions", body);
   ASSERT_EQ(second.status, 200) << second.raw;
-  const int64_t block = engine_->cache().block_size();
-  EXPECT_EQ(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), computed / block * block)
-      << first.body["usage"].dump();
+  const size_t block = size_t(engine_->cache().block_size());
+  EXPECT_EQ(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>(), common / block * block);
 }
 
 TEST_F(HttpServerTest, TokenizeAndDetokenizeAgreeWithTheCompletionRoutes) {
