@@ -28,7 +28,7 @@ TieredKvStore::~TieredKvStore() {
   writer_.join();
 }
 
-size_t TieredKvStore::enqueue_writes(std::vector<Job> jobs) {
+size_t TieredKvStore::enqueue_writes(std::vector<Job> jobs, uint64_t& count) {
   size_t accepted = 0;
   {
     std::lock_guard lock(queue_mu_);
@@ -43,6 +43,7 @@ size_t TieredKvStore::enqueue_writes(std::vector<Job> jobs) {
       queue_.push_back(std::move(job));
       ++accepted;
     }
+    count += accepted;
   }
   if (accepted > 0) queue_cv_.notify_one();
   return accepted;
@@ -73,10 +74,7 @@ size_t TieredKvStore::put(std::span<const BlockKey> keys, std::span<const ByteVi
     job.end_tier = tiers_.size();
     jobs.push_back(std::move(job));
   }
-  const size_t accepted = enqueue_writes(std::move(jobs));
-  std::lock_guard lock(queue_mu_);
-  enqueued_ += accepted;
-  return accepted;
+  return enqueue_writes(std::move(jobs), enqueued_);
 }
 
 bool TieredKvStore::put(const BlockKey& key, ByteView payload, const ChainTag& chain) {
@@ -145,11 +143,7 @@ std::vector<LoadedBlock> TieredKvStore::lookup(std::span<const BlockKey> keys, c
     // fleet's, and it ages out by TTL or LRU like any block.
     if (refused && !record_is_foreign(refused->second))
       enqueue_remove({Job{true, rest[refused->first], chain, nullptr, nullptr, t, t + 1}});
-    if (!promote.empty()) {
-      const size_t n = enqueue_writes(std::move(promote));
-      std::lock_guard lock(queue_mu_);
-      promotions_ += n;
-    }
+    if (!promote.empty()) enqueue_writes(std::move(promote), promotions_);
     take_pending();
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);

@@ -126,8 +126,10 @@ class TieredKvStore {
   // For each key, the payload of its latest write still queued or being
   // written (null if none, or if a later remove cancels it).
   std::vector<std::shared_ptr<const Bytes>> pending_writes(std::span<const BlockKey> keys) const;
-  // Queues write jobs unless the bounds say no; returns how many were queued.
-  size_t enqueue_writes(std::vector<Job> jobs);
+  // Queues write jobs unless the bounds say no; returns how many were queued
+  // and adds that to `count` (enqueued_ or promotions_) under the same lock,
+  // so stats() never sees a job written before it was counted.
+  size_t enqueue_writes(std::vector<Job> jobs, uint64_t& count);
   void enqueue_remove(std::vector<Job> jobs);
   void writer_loop();
   // Applies one batch to its tiers; returns how many put() blocks (not
