@@ -48,7 +48,15 @@ run() {  # one request of PREFIX+16 tokens (the same tokens on every replica)
 first=$(run "${urls[0]}")
 echo "$first"
 ttft0=$(echo "$first" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ttft"]["p50_ms"])')
-sleep 2  # replica 0's blocks reach Redis off its engine thread
+# Replica 0's blocks reach Redis off its engine thread: wait (up to 30 s)
+# until its tier writer has none queued and has written some.
+for _ in $(seq 300); do
+  m=$(curl -s "${urls[0]}/metrics")
+  queued=$(echo "$m" | awk '$1 == "kvserve_kv_store_queued_blocks" {print $2}')
+  written=$(echo "$m" | awk '$1 == "kvserve_kv_store_written_total" {print $2}')
+  [ "${queued:-1}" = 0 ] && [ "${written:-0}" != 0 ] && break
+  sleep 0.1
+done
 for i in $(seq 1 $((replicas - 1))); do
   out=$(run "${urls[$i]}")
   echo "$out"
