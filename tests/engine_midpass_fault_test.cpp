@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "fault_injection.h"
+#include "greedy_alone.h"
 #include "kv/kv_spec.h"
 #include "test_support.h"
 
@@ -47,18 +48,7 @@ class EngineMidPassFaultTest : public ::testing::Test {
 
   std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv,
                              int32_t prefill_chunk) {
-    ThreadPool pool(1);
-    KvCacheOptions o = kv;
-    o.num_blocks = 0;
-    o.budget_bytes = 0;
-    KvCache cache(model->config(), o);
-    Transformer tf(*model, pool);
-    GenerateOptions g;
-    g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;
-    g.sampling.temperature = 0;
-    g.prefill_chunk = prefill_chunk;
-    GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
-    return std::vector<int32_t>(r.tokens.begin() + long(prompt.size()), r.tokens.end());
+    return testing_files::greedy_alone(*model, prompt, max_tokens, kv, {}, prefill_chunk);
   }
 
   Request request(const std::vector<int32_t>& prompt, int32_t max_tokens, std::map<RequestId, Collected>& out) {

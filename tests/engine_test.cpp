@@ -13,6 +13,7 @@
 
 #include "engine/generator.h"
 #include "fault_injection.h"
+#include "greedy_alone.h"
 #include "kv/kv_spec.h"
 #include "reference_logits.h"
 #include "test_support.h"
@@ -36,24 +37,10 @@ class EngineTest : public ::testing::Test {
     model = Model::load(kStoriesGguf);
     tok = &model->require_tokenizer();
   }
-  // Greedy tokens generate() produces for `prompt` with max_tokens new tokens.
-  // With a sparsity policy, prefill_chunk matters (an evicting policy
-  // evicts after each pass): the engine's max_batch_prefill_tokens.
+  // Greedy tokens generate() produces for `prompt` alone (greedy_alone.h).
   std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv,
                              const SparsityOptions& sparsity = {}, int32_t prefill_chunk = 512) {
-    ThreadPool pool(1);
-    KvCacheOptions o = kv;
-    o.num_blocks = 0;
-    o.budget_bytes = 0;
-    KvCache cache(model->config(), o);
-    Transformer tf(*model, pool);
-    GenerateOptions g;
-    g.max_tokens = int32_t(prompt.size()) + max_tokens - 1;  // positions after BOS, as llama2.c
-    g.sampling.temperature = 0;
-    g.sparsity = sparsity;
-    g.prefill_chunk = prefill_chunk;
-    GenerateResult r = generate(tf, cache, prompt, g, [](int32_t, int32_t) {}, tok->bos_id(), tok->eos_id());
-    return std::vector<int32_t>(r.tokens.begin() + long(prompt.size()), r.tokens.end());
+    return testing_files::greedy_alone(*model, prompt, max_tokens, kv, sparsity, prefill_chunk);
   }
   // Two threads, 40 blocks of 4 tokens and prefill chunks of 7: prompts
   // arrive in chunks of a few tokens and sequences preempt each other.
