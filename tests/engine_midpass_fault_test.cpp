@@ -47,8 +47,8 @@ class EngineMidPassFaultTest : public ::testing::Test {
   }
 
   std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens, const KvCacheOptions& kv,
-                             int32_t prefill_chunk) {
-    return testing_files::greedy_alone(*model, prompt, max_tokens, kv, {}, prefill_chunk);
+                             int32_t prefill_chunk, const SparsityOptions& sparsity = {}) {
+    return testing_files::greedy_alone(*model, prompt, max_tokens, kv, sparsity, prefill_chunk);
   }
 
   Request request(const std::vector<int32_t>& prompt, int32_t max_tokens, std::map<RequestId, Collected>& out) {
@@ -89,7 +89,9 @@ class EngineMidPassFaultTest : public ::testing::Test {
       ++steps;
       if (bad_done) return;
       for (BatchEntry& e : batch) {
-        const int32_t start = e.table->num_tokens;
+        // The text position of the entry's first token (under an evicting
+        // policy the table's slots are fewer).
+        const int32_t start = e.table->position_of_new(e.table->num_tokens);
         const size_t len = e.tokens.size();
         // Locked on a prefill chunk of 2 tokens or more that no good prompt
         // has at the same place.
@@ -140,9 +142,10 @@ class EngineMidPassFaultTest : public ::testing::Test {
     EXPECT_EQ(out[bad_id].error, message);
     for (const auto& [id, i] : which) {
       EXPECT_EQ(out[id].finish, FinishReason::Length) << "prompt " << i << ": " << out[id].error;
-      EXPECT_EQ(out[id].tokens, alone(good[i], max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens))
+      EXPECT_EQ(out[id].tokens, alone(good[i], max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens, o.sparsity))
           << "prompt " << i;
     }
+    last_others_at_fault = others_at_fault;
     const EngineStats s = engine.stats();
     EXPECT_GE(s.preemptions - preemptions_before, others_at_fault);
     expect_clean(s);
@@ -160,6 +163,7 @@ class EngineMidPassFaultTest : public ::testing::Test {
 
   std::unique_ptr<Model> model;
   const Tokenizer* tok = nullptr;
+  int last_others_at_fault = -1;  // sequences preempted by the last run_with_fault's fault
 };
 
 const std::vector<std::string> kPrompts = {
@@ -323,6 +327,67 @@ TEST_F(EngineMidPassFaultTest, ChunkedPrefillFaultRecoversExactly) {
           }
           expect_clean(engine.stats());
         }
+      }
+    }
+  }
+}
+
+// 4. The others run under an evicting policy of their own (h2o, window):
+// the failed pass fed their policies (scores, evictions, compactions) and
+// could not be rolled back; readmitted, each policy starts afresh and the
+// others end with exactly the tokens they give alone under that policy.
+TEST_F(EngineMidPassFaultTest, OthersUnderAnEvictingPolicyRecoverExactly) {
+  for (const char* policy : {"h2o", "window"}) {
+    for (const char* preset : {"fp32", "int4"}) {
+      for (Where where : {Where::OnKv, Where::Select, Where::AfterForward}) {
+        for (When when : {When::FirstPass, When::Decode}) {
+          if (where == Where::Select && when != When::Decode) continue;
+          SCOPED_TRACE(testing::Message() << policy << ", " << preset << ", " << where_name(where) << ", "
+                                          << when_name(when));
+          EngineOptions o;
+          o.threads = 2;
+          o.kv.block_size = 4;
+          apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
+          if (o.kv.residual > 8) o.kv.residual = 8;
+          o.kv.num_blocks = 200;
+          o.prefix_caching = false;
+          o.sparsity.policy = policy;
+          o.sparsity.budget = 12;  // the prompts and 30 tokens evict (and compact) before and after the fault
+          Engine engine(*model, o);
+          std::vector<std::vector<int32_t>> good;
+          for (const std::string& p : kPrompts) good.push_back(encode(p));
+          run_with_fault(engine, o, good, encode("Zebras do not like the rain. They"), 5, where, when, 30);
+        }
+      }
+    }
+  }
+}
+
+// 5. The same under memory pressure: a block budget too small for the batch,
+// so the scheduler preempts for memory too, before and after the fault, with
+// chunked prefill (the fault in a later chunk or a decode step).
+TEST_F(EngineMidPassFaultTest, EvictingPolicyFaultUnderMemoryPressureRecoversExactly) {
+  for (const char* policy : {"h2o", "window"}) {
+    for (const char* preset : {"fp32", "int4"}) {
+      for (When when : {When::LaterChunk, When::Decode}) {
+        SCOPED_TRACE(testing::Message() << policy << ", " << preset << ", " << when_name(when));
+        EngineOptions o;
+        o.threads = 2;
+        o.kv.block_size = 4;
+        apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
+        if (o.kv.residual > 8) o.kv.residual = 8;
+        o.kv.num_blocks = 28;
+        o.scheduler.max_batch_prefill_tokens = 7;
+        o.scheduler.max_num_seqs = 6;
+        o.prefix_caching = false;
+        o.sparsity.policy = policy;
+        o.sparsity.budget = 16;
+        Engine engine(*model, o);
+        std::vector<std::vector<int32_t>> good;
+        for (const std::string& p : kPrompts) good.push_back(encode(p));
+        const EngineStats s = run_with_fault(engine, o, good, encode("Zebras do not like the rain. They hid."), 3,
+                                             Where::OnKv, when, 40);
+        EXPECT_GT(s.preemptions, last_others_at_fault) << "no preemption for memory";
       }
     }
   }
