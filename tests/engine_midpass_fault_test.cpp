@@ -160,6 +160,20 @@ class EngineMidPassFaultTest : public ::testing::Test {
   }
 
   std::vector<int32_t> encode(const std::string& text) { return tok->encode(text, true); }
+  // kPrompts encoded: the sequences that share the faulting one's batch.
+  std::vector<std::vector<int32_t>> encoded_prompts();
+
+  // What every case starts from: two threads, `preset` in blocks of
+  // block_size tokens (0: the preset's own), num_blocks blocks, no prefix cache.
+  static EngineOptions fault_options(const char* preset, int32_t block_size, int32_t num_blocks) {
+    EngineOptions o;
+    o.threads = 2;
+    if (block_size > 0) o.kv.block_size = block_size;
+    apply_kv_preset(o.kv, preset, /*keep_block_size=*/block_size > 0);
+    o.kv.num_blocks = num_blocks;
+    o.prefix_caching = false;
+    return o;
+  }
 
   std::unique_ptr<Model> model;
   const Tokenizer* tok = nullptr;
@@ -176,6 +190,12 @@ const std::string kSystem =
     "One day, Lily saw a big red ball under a tree. She ran to get it, but a dog came and took it. Lily was sad. "
     "Her mom said: \"Do not be sad, we can find the dog.\" They walked and walked until they saw the dog. ";
 
+std::vector<std::vector<int32_t>> EngineMidPassFaultTest::encoded_prompts() {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& p : kPrompts) out.push_back(encode(p));
+  return out;
+}
+
 std::string where_name(Where w) { return w == Where::OnKv ? "on_kv" : w == Where::Select ? "select" : "after_forward"; }
 std::string when_name(When w) {
   return w == When::FirstPass ? "first pass" : w == When::LaterChunk ? "later chunk" : "decode";
@@ -189,18 +209,11 @@ TEST_F(EngineMidPassFaultTest, QuantizedPresetsRecoverExactly) {
       for (When when : {When::FirstPass, When::Decode}) {
         if (where == Where::Select && when != When::Decode) continue;  // select runs for decode queries only
         SCOPED_TRACE(testing::Message() << preset << ", " << where_name(where) << ", " << when_name(when));
-        EngineOptions o;
-        o.threads = 2;
         // Short blocks: a sequence's prompt and tokens cross several, so
         // blocks fill and seal in the faulty pass.
-        o.kv.block_size = 8;
-        apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
-        o.kv.num_blocks = 200;
-        o.prefix_caching = false;
+        const EngineOptions o = fault_options(preset, 8, 200);
         Engine engine(*model, o);
-        std::vector<std::vector<int32_t>> good;
-        for (const std::string& p : kPrompts) good.push_back(encode(p));
-        run_with_fault(engine, o, good, encode("Zebras do not like the rain. They"), 5, where, when, 30);
+        run_with_fault(engine, o, encoded_prompts(), encode("Zebras do not like the rain. They"), 5, where, when, 30);
       }
     }
   }
@@ -212,11 +225,7 @@ TEST_F(EngineMidPassFaultTest, QuantizedPresetsWithTheirOwnBlocksRecoverExactly)
   for (const char* preset : {"int4", "int4-small"}) {
     for (When when : {When::FirstPass, When::Decode}) {
       SCOPED_TRACE(testing::Message() << preset << ", " << when_name(when));
-      EngineOptions o;
-      o.threads = 2;
-      apply_kv_preset(o.kv, preset);
-      o.kv.num_blocks = 64;
-      o.prefix_caching = false;
+      const EngineOptions o = fault_options(preset, 0, 64);
       Engine engine(*model, o);
       std::vector<std::vector<int32_t>> good;
       for (size_t i = 0; i < 4; ++i) good.push_back(encode(kSystem + kPrompts[i]));
@@ -235,54 +244,49 @@ class EngineMidPassPrefixTest : public EngineMidPassFaultTest {
 };
 
 void EngineMidPassPrefixTest::run_preset(const char* preset) {
-  {
-    for (Where where : {Where::OnKv, Where::Select, Where::AfterForward}) {
-      for (When when : {When::FirstPass, When::Decode}) {
-        if (where == Where::Select && when != When::Decode) continue;
-        SCOPED_TRACE(testing::Message() << preset << ", " << where_name(where) << ", " << when_name(when));
-        EngineOptions o;
-        o.threads = 2;
-        apply_kv_preset(o.kv, preset);
-        if (std::string(preset) == "fp32") o.kv.block_size = 16;
-        o.kv.num_blocks = 96;
-        o.prefix_caching = true;
-        Engine engine(*model, o);
-        const int32_t max_tokens = 24;
-        std::map<RequestId, Collected> warm_out;
-        const RequestId warm = engine.submit(request(encode(kSystem + "The end."), max_tokens, warm_out)).id;
-        engine.run_until_idle();
-        ASSERT_EQ(warm_out[warm].finish, FinishReason::Length);
-        const int64_t cached_before = engine.stats().cached_prompt_tokens;
-        // Under a window of more than one block the hits share FP16 sidecars.
-        if (o.kv.residual > o.kv.block_size) {
-          EXPECT_GT(engine.stats().prefix.sidecars, 0);
-        }
-
-        std::vector<std::vector<int32_t>> good;
-        for (size_t i = 0; i < 5; ++i) good.push_back(encode(kSystem + kPrompts[i]));
-        const std::vector<int32_t> bad = encode(kSystem + "Zebras do not like the rain. They");
-        run_with_fault(engine, o, good, bad, 2, where, when, max_tokens);
-        EXPECT_GT(engine.stats().cached_prompt_tokens, cached_before) << "nothing hit the cache";
-
-        // The cache afterwards: every prompt again (the bad one too, now
-        // without a fault), one at a time, then batched.
-        std::vector<std::vector<int32_t>> all = good;
-        all.push_back(bad);
-        std::map<RequestId, Collected> out;
-        for (const auto& p : all) {
-          const RequestId id = engine.submit(request(p, max_tokens, out)).id;
-          engine.run_until_idle();
-          EXPECT_GT(out[id].usage.cached_tokens, 0);
-          EXPECT_EQ(out[id].tokens, alone(p, max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens));
-        }
-        std::map<RequestId, size_t> which;
-        for (size_t i = 0; i < all.size(); ++i) which[engine.submit(request(all[i], max_tokens, out)).id] = i;
-        engine.run_until_idle();
-        for (const auto& [id, i] : which)
-          EXPECT_EQ(out[id].tokens, alone(all[i], max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens))
-              << "prompt " << i;
-        expect_clean(engine.stats());
+  for (Where where : {Where::OnKv, Where::Select, Where::AfterForward}) {
+    for (When when : {When::FirstPass, When::Decode}) {
+      if (where == Where::Select && when != When::Decode) continue;
+      SCOPED_TRACE(testing::Message() << preset << ", " << where_name(where) << ", " << when_name(when));
+      EngineOptions o = fault_options(preset, 0, 96);
+      if (std::string(preset) == "fp32") o.kv.block_size = 16;
+      o.prefix_caching = true;
+      Engine engine(*model, o);
+      const int32_t max_tokens = 24;
+      std::map<RequestId, Collected> warm_out;
+      const RequestId warm = engine.submit(request(encode(kSystem + "The end."), max_tokens, warm_out)).id;
+      engine.run_until_idle();
+      ASSERT_EQ(warm_out[warm].finish, FinishReason::Length);
+      const int64_t cached_before = engine.stats().cached_prompt_tokens;
+      // Under a window of more than one block the hits share FP16 sidecars.
+      if (o.kv.residual > o.kv.block_size) {
+        EXPECT_GT(engine.stats().prefix.sidecars, 0);
       }
+
+      std::vector<std::vector<int32_t>> good;
+      for (size_t i = 0; i < 5; ++i) good.push_back(encode(kSystem + kPrompts[i]));
+      const std::vector<int32_t> bad = encode(kSystem + "Zebras do not like the rain. They");
+      run_with_fault(engine, o, good, bad, 2, where, when, max_tokens);
+      EXPECT_GT(engine.stats().cached_prompt_tokens, cached_before) << "nothing hit the cache";
+
+      // The cache afterwards: every prompt again (the bad one too, now
+      // without a fault), one at a time, then batched.
+      std::vector<std::vector<int32_t>> all = good;
+      all.push_back(bad);
+      std::map<RequestId, Collected> out;
+      for (const auto& p : all) {
+        const RequestId id = engine.submit(request(p, max_tokens, out)).id;
+        engine.run_until_idle();
+        EXPECT_GT(out[id].usage.cached_tokens, 0);
+        EXPECT_EQ(out[id].tokens, alone(p, max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens));
+      }
+      std::map<RequestId, size_t> which;
+      for (size_t i = 0; i < all.size(); ++i) which[engine.submit(request(all[i], max_tokens, out)).id] = i;
+      engine.run_until_idle();
+      for (const auto& [id, i] : which)
+        EXPECT_EQ(out[id].tokens, alone(all[i], max_tokens, o.kv, o.scheduler.max_batch_prefill_tokens))
+            << "prompt " << i;
+      expect_clean(engine.stats());
     }
   }
 }
@@ -299,17 +303,12 @@ TEST_F(EngineMidPassFaultTest, ChunkedPrefillFaultRecoversExactly) {
     for (bool prefix : {false, true}) {
       for (Where where : {Where::OnKv, Where::AfterForward}) {
         SCOPED_TRACE(testing::Message() << preset << ", prefix " << prefix << ", " << where_name(where));
-        EngineOptions o;
-        o.threads = 2;
-        o.kv.block_size = 8;
-        apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
+        EngineOptions o = fault_options(preset, 8, 200);
         if (o.kv.residual > 16) o.kv.residual = 16;
-        o.kv.num_blocks = 200;
         o.scheduler.max_batch_prefill_tokens = 7;
         o.prefix_caching = prefix;
         Engine engine(*model, o);
-        std::vector<std::vector<int32_t>> good;
-        for (const std::string& p : kPrompts) good.push_back(encode(p));
+        std::vector<std::vector<int32_t>> good = encoded_prompts();
         if (prefix) {  // a shared prefix some of the batch hits
           std::map<RequestId, Collected> warm_out;
           engine.submit(request(encode(kPrompts[4] + " went home."), 10, warm_out));
@@ -344,19 +343,12 @@ TEST_F(EngineMidPassFaultTest, OthersUnderAnEvictingPolicyRecoverExactly) {
           if (where == Where::Select && when != When::Decode) continue;
           SCOPED_TRACE(testing::Message() << policy << ", " << preset << ", " << where_name(where) << ", "
                                           << when_name(when));
-          EngineOptions o;
-          o.threads = 2;
-          o.kv.block_size = 4;
-          apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
+          EngineOptions o = fault_options(preset, 4, 200);
           if (o.kv.residual > 8) o.kv.residual = 8;
-          o.kv.num_blocks = 200;
-          o.prefix_caching = false;
           o.sparsity.policy = policy;
           o.sparsity.budget = 12;  // the prompts and 30 tokens evict (and compact) before and after the fault
           Engine engine(*model, o);
-          std::vector<std::vector<int32_t>> good;
-          for (const std::string& p : kPrompts) good.push_back(encode(p));
-          run_with_fault(engine, o, good, encode("Zebras do not like the rain. They"), 5, where, when, 30);
+          run_with_fault(engine, o, encoded_prompts(), encode("Zebras do not like the rain. They"), 5, where, when, 30);
         }
       }
     }
@@ -371,22 +363,15 @@ TEST_F(EngineMidPassFaultTest, EvictingPolicyFaultUnderMemoryPressureRecoversExa
     for (const char* preset : {"fp32", "int4"}) {
       for (When when : {When::LaterChunk, When::Decode}) {
         SCOPED_TRACE(testing::Message() << policy << ", " << preset << ", " << when_name(when));
-        EngineOptions o;
-        o.threads = 2;
-        o.kv.block_size = 4;
-        apply_kv_preset(o.kv, preset, /*keep_block_size=*/true);
+        EngineOptions o = fault_options(preset, 4, 28);
         if (o.kv.residual > 8) o.kv.residual = 8;
-        o.kv.num_blocks = 28;
         o.scheduler.max_batch_prefill_tokens = 7;
         o.scheduler.max_num_seqs = 6;
-        o.prefix_caching = false;
         o.sparsity.policy = policy;
         o.sparsity.budget = 16;
         Engine engine(*model, o);
-        std::vector<std::vector<int32_t>> good;
-        for (const std::string& p : kPrompts) good.push_back(encode(p));
-        const EngineStats s = run_with_fault(engine, o, good, encode("Zebras do not like the rain. They hid."), 3,
-                                             Where::OnKv, when, 40);
+        const std::vector<int32_t> bad = encode("Zebras do not like the rain. They hid.");
+        const EngineStats s = run_with_fault(engine, o, encoded_prompts(), bad, 3, Where::OnKv, when, 40);
         EXPECT_GT(s.preemptions, last_others_at_fault) << "no preemption for memory";
       }
     }

@@ -634,18 +634,16 @@ bool Engine::forward(SchedulePlan& plan, std::vector<BatchEntry>& batch) {
         plan.chunks.clear();
       }
       if (plan.chunks.empty()) return false;
-    } catch (const Error& e) {
-      // Not one entry's (Transformer::forward names the entry for every
-      // error it can trace to one): the whole batch fails.
-      for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, e.what());
-      return false;
     } catch (const std::exception& e) {
-      // Not ours (std::bad_alloc, a library's exception from a thread-pool
-      // job): on the engine thread it would end the process. The batch fails;
-      // the engine goes on with the others, whose state this step never
-      // touched.
-      for (const ScheduledChunk& c : plan.chunks)
-        finish(c.seq, FinishReason::Error, -1, {}, fmt::format("internal error in the forward pass: {}", e.what()));
+      // Not one entry's (Transformer::forward names the entry for every
+      // error it can trace to one): the whole batch fails, and the engine
+      // goes on with the sequences outside it, whose state this step never
+      // touched. Not only kvserve::Error: std::bad_alloc, or a library's
+      // exception from a thread-pool job, would end the process on the
+      // engine thread.
+      const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
+      const std::string message = ours ? e.what() : fmt::format("internal error in the forward pass: {}", e.what());
+      for (const ScheduledChunk& c : plan.chunks) finish(c.seq, FinishReason::Error, -1, {}, message);
       return false;
     }
   }
