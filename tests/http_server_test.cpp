@@ -1086,7 +1086,7 @@ TEST_F(HttpServerTest, ClientMistakesGet400WithAnOpenAiErrorObject) {
       {p, "{" + m + R"("prompt": 7})", "prompt", "invalid_type"},
       {p, "{" + m + R"("max_tokens": 4})", "prompt", "missing_required_parameter"},
       {p, R"({"model": "gpt-4", "prompt": "x"})", "model", "model_not_found"},
-      {p, R"({"prompt": "x"})", "model", "missing_required_parameter"},
+      {p, R"({"model": ["stories260K"], "prompt": "x"})", "model", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "n": 100})", "n", "invalid_value"},
       {p, "{" + m + R"("prompt": "x", "stop": 5})", "stop", "invalid_type"},
       {p, "{" + m + R"("prompt": "x", "stop": [""]})", "stop", "invalid_value"},
@@ -1462,6 +1462,48 @@ TEST_F(HttpServerTest, RoutesMethodsModelsAndHealth) {
   same.port = port_;
   HttpServer second(*engine_, engine_options_, {}, same);
   testing_files::expect_error_containing([&] { second.start(); }, "address in use");
+}
+
+// vLLM's --served-model-name A B: requests may name any, or none (absent,
+// null or ""); responses carry the first; /v1/models lists each.
+TEST_F(HttpServerTest, ServedModelNamesAndRequestsWithoutOne) {
+  HttpServerOptions ho;
+  ho.served_model_name = "tiny";
+  ho.served_model_aliases = {"default-model", "tiny"};  // a repeat is listed once
+  start({}, ho);
+  Reply r = get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  ASSERT_EQ(r.body["data"].size(), 2u);
+  EXPECT_EQ(r.body["data"][0]["id"], "tiny");
+  EXPECT_EQ(r.body["data"][1]["id"], "default-model");
+  r = get("/v1/models/default-model");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["id"], "default-model");
+  r = get("/v1/models/stories260K");  // the file's name is no longer one
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("'tiny', 'default-model'"), std::string::npos);
+
+  const std::string expected = greedy(encode("Once upon a time"), 4).first;
+  for (const char* model : {R"("model": "tiny", )", R"("model": "default-model", )", R"("model": null, )",
+                            R"("model": "", )", ""}) {
+    r = post_raw("/v1/completions",
+                 std::string("{") + model + R"("prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})");
+    ASSERT_EQ(r.status, 200) << model << r.raw;
+    EXPECT_EQ(r.body["model"], "tiny") << model;
+    EXPECT_EQ(r.body["choices"][0]["text"], expected) << model;
+  }
+  r = post_raw("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["model"], "tiny");
+  r = post_raw("/v1/completions", R"({"model": "stories260K", "prompt": "x"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+  EXPECT_EQ(post_raw("/tokenize", R"({"model": "default-model", "prompt": "x"})").status, 200);
+  EXPECT_EQ(post_raw("/tokenize", R"({"model": "other", "prompt": "x"})").status, 400);
+  HttpServerOptions empty_alias;
+  empty_alias.served_model_aliases = {""};
+  testing_files::expect_error_containing([&] { HttpServer(*engine_, engine_options_, {}, empty_alias); },
+                                         "a served model name is empty");
 }
 
 TEST_F(HttpServerTest, ApiKeysMapToTenantsAndRefuseUnknownKeys) {

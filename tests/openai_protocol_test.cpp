@@ -28,6 +28,9 @@ ApiError parse_error(const std::string& body, Endpoint e = Endpoint::Completions
 TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
   CompletionRequest r = parse_ok(R"({"model": "m", "prompt": "hi"})");
   EXPECT_EQ(r.model, "m");
+  // model is optional, as in vLLM: absent or null is "not given" (the served model).
+  EXPECT_EQ(parse_ok(R"({"prompt": "hi"})").model, "");
+  EXPECT_EQ(parse_ok(R"({"model": null, "prompt": "hi"})").model, "");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0].text, "hi");
   EXPECT_FALSE(r.prompts[0].is_tokens);
@@ -151,7 +154,7 @@ TEST(OpenAiProtocol, MistakesNameTheField) {
       {"{\"model\": \"m\", \"prompt\": \"\xFF\"}", "", "invalid_json"},  // not UTF-8
       {"42", "", "invalid_json"},
       {R"({"model": "m", "prompt": "x", "temperature": 1e309})", "", "invalid_json"},  // past a double: was a 500
-      {R"({"prompt": "x"})", "model", "missing_required_parameter"},
+      {R"({"model": ["m"], "prompt": "x"})", "model", "invalid_type"},
       {R"({"model": 3, "prompt": "x"})", "model", "invalid_type"},
       {R"({"model": "m"})", "prompt", "missing_required_parameter"},
       {R"({"model": "m", "prompt": []})", "prompt", "invalid_value"},

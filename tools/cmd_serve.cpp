@@ -31,6 +31,7 @@ struct ServeArgs {
   EngineCliOptions engine_flags;
   SparsityFlags sparsity;        // the default policy of requests without "kv": {"policy": ...}
   double drain_timeout = 30;     // seconds running requests may take to finish after SIGTERM
+  std::vector<std::string> served_model_names;  // the first names responses; requests may use any
 };
 
 // SIGTERM and SIGINT, whichever thread the kernel hands them to. Blocking
@@ -93,6 +94,12 @@ class ShutdownSignals {
 void run(ServeArgs& a) {
   static const ShutdownSignals signals;  // before any thread of ours starts
   signals.block();
+  if (!a.served_model_names.empty()) {
+    for (const std::string& name : a.served_model_names)
+      if (name.empty()) fail("--served-model-name: a name is empty");
+    a.http.served_model_name = a.served_model_names.front();
+    a.http.served_model_aliases.assign(a.served_model_names.begin() + 1, a.served_model_names.end());
+  }
 
   auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
   EngineOptions eo = engine_options(a.common, a.engine_flags, *model, sparsity_options(a.sparsity));
@@ -157,8 +164,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-events-admin", a->http.kv_events_admin,
                   "with --api-keys and --kv-events: the tenant whose keys read every tenant's GET /v1/kv/events (a "
                   "KV-aware router); other keys read their own tenant's and the shared scope's");
-  cmd->add_option("--served-model-name", a->http.served_model_name,
-                  "model name clients send (default: the model file's name without extension)");
+  cmd->add_option("--served-model-name", a->served_model_names,
+                  "model name(s) clients send: requests may use any (or none), responses carry the first "
+                  "(default: the model file's name without extension)")
+      ->expected(1, -1);
   cmd->add_option("--chat-template", a->http.chat_template,
                   "chat format: plain | chatml | llama2 | llama3 (default: from the GGUF, else plain)");
   add_engine_options(*cmd, a->engine_flags);

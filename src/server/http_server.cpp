@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fmt/ranges.h>
 #include <functional>
 
 #include "server/connection_probe.h"
@@ -183,6 +184,11 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
   const Model& model = engine.model();
   model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
                                                    : options_.served_model_name;
+  model_names_ = {model_name_};
+  for (const std::string& alias : options_.served_model_aliases) {
+    if (alias.empty()) fail("a served model name is empty");
+    if (std::find(model_names_.begin(), model_names_.end(), alias) == model_names_.end()) model_names_.push_back(alias);
+  }
   context_length_ = model.config().seq_len;
   // With a byte budget, FP16 staging takes part of the pool (Engine::max_sequence_tokens).
   kv_capacity_tokens_ = engine.max_sequence_tokens();
@@ -244,17 +250,20 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
     return e->status;
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json model = model_json(model_name_, created_, context_length_, engine_.config().vocab_size);
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    json models = json::array();  // one card per name, as vLLM lists them
+    for (const std::string& name : model_names_)
+      models.push_back(model_json(name, created_, context_length_, engine_.config().vocab_size));
+    send_json(res, 200, {{"object", "list"}, {"data", std::move(models)}});
   });
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] != model_name_) {
-      send_error(res, error_of(404, fmt::format("model '{}' is not served here (this server serves '{}')",
-                                                std::string(req.matches[1]), model_name_),
+    const std::string id = req.matches[1];
+    if (std::find(model_names_.begin(), model_names_.end(), id) == model_names_.end()) {
+      send_error(res, error_of(404, fmt::format("model '{}' is not served here (this server serves '{}')", id,
+                                                fmt::join(model_names_, "', '")),
                                "invalid_request_error", "model_not_found", "model"));
       return;
     }
-    send_json(res, 200, model_json(model_name_, created_, context_length_, engine_.config().vocab_size));
+    send_json(res, 200, model_json(id, created_, context_length_, engine_.config().vocab_size));
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -576,9 +585,9 @@ std::optional<ApiError> HttpServer::check_token_ids(std::span<const int32_t> ids
 }
 
 bool HttpServer::check_model(const std::string& model, httplib::Response& res) const {
-  if (model == model_name_) return true;
+  if (model.empty() || std::find(model_names_.begin(), model_names_.end(), model) != model_names_.end()) return true;
   send_error(res, invalid_request(fmt::format("model '{}' is not served here; this server serves '{}' (GET /v1/models)",
-                                              model, model_name_),
+                                              model, fmt::join(model_names_, "', '")),
                                   "model", "model_not_found"));
   return false;
 }

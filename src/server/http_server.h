@@ -64,6 +64,8 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                      // 0 = any free port (start() returns it)
   std::string served_model_name;        // empty = the model file's name without its extension
+  std::vector<std::string> served_model_aliases;  // other names requests may use (vLLM's --served-model-name
+                                                  // A B ...); responses carry served_model_name
   std::string chat_template;            // chat format name; empty = from the GGUF, else plain
   bool require_api_key = false;         // with keys loaded: a request without a key gets 401
   std::string kv_events_admin;          // with keys: the tenant (of some key, not the default one) whose
@@ -119,6 +121,7 @@ class HttpServer {
   // of range ..."), naming `param`.
   std::optional<ApiError> check_token_ids(std::span<const int32_t> ids, std::string_view what, const char* param) const;
   // Whether `model` is the served model; false after sending the 400.
+  // Whether model (empty: not given) names the served model; else sends the 404.
   bool check_model(const std::string& model, httplib::Response& res) const;
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache
   // events of the caller's tenant and of the shared scope (every tenant's
@@ -156,6 +159,7 @@ class HttpServer {
   ApiKeys keys_;
   HttpServerOptions options_;
   std::string model_name_;
+  std::vector<std::string> model_names_;  // model_name_, then the aliases: every name a request may use
   int32_t context_length_ = 0;
   int64_t kv_capacity_tokens_ = 0;
   const Tokenizer* tokenizer_ = nullptr;

@@ -19,7 +19,7 @@ void HttpServer::handle_tokenize(const httplib::Request& req, const std::string&
   if (!authenticate(req, res)) return;
   const auto parsed = parse_tokenize_request(body);
   const TokenizeRequest* request = parsed_or_sent(parsed, res);
-  if (!request || (!request->model.empty() && !check_model(request->model, res))) return;
+  if (!request || !check_model(request->model, res)) return;
   const TokenizeRequest& t = *request;
   if (!tokenizer_) {
     send_error(res, invalid_request("this model has no vocabulary, so it cannot tokenize text", t.chat ? "messages" : "prompt",
@@ -50,7 +50,7 @@ void HttpServer::handle_detokenize(const httplib::Request& req, const std::strin
   if (!authenticate(req, res)) return;
   const auto parsed = parse_detokenize_request(body);
   const DetokenizeRequest* request = parsed_or_sent(parsed, res);
-  if (!request || (!request->model.empty() && !check_model(request->model, res))) return;
+  if (!request || !check_model(request->model, res)) return;
   const DetokenizeRequest& d = *request;
   if (!tokenizer_) {
     send_error(res, invalid_request("this model has no vocabulary, so it cannot detokenize", "tokens", "invalid_value"));

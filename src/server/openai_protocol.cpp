@@ -370,10 +370,10 @@ CompletionRequest parse(std::string_view text, Endpoint endpoint) {
   const json body = parse_object(text);
   CompletionRequest r;
   r.endpoint = endpoint;
-  const json* model = field(body, "model");
-  if (!model) reject("'model' is required (see GET /v1/models)", "model", "missing_required_parameter");
-  if (!model->is_string()) wrong_type("model", "a string", *model);
-  r.model = model->get<std::string>();
+  // Optional, as in vLLM (and llama.cpp's server): absent, null or "" is the
+  // served model, for deployments of one model whose clients should not
+  // need its name.
+  r.model = read_string(body, "model", "model");
   if (endpoint == Endpoint::Completions) {
     parse_prompt(body, r);
   } else {

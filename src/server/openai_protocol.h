@@ -52,7 +52,7 @@ struct KvRequest {
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Completions;
-  std::string model;
+  std::string model;  // empty: not given (the served model)
   // Completions: one prompt or a batch of them (each a text, or token ids
   // when is_tokens); each gets n choices.
   struct Prompt {
