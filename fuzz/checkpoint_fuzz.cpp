@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -165,17 +166,22 @@ void write_seeds(const std::string& source_dir, const std::filesystem::path& out
   const std::filesystem::path gguf = out / "gguf", llama2c = out / "llama2c";
   std::filesystem::create_directories(gguf);
   std::filesystem::create_directories(llama2c);
-  for (WeightType t : {WeightType::F32, WeightType::F16, WeightType::Q8_0, WeightType::Q4_0}) {
+  // Every type kvserve reads: in place, and converted at load (K-quants need
+  // rows of 256 values).
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::BF16, GgmlType::Q4_1,
+                     GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                     GgmlType::Q6_K}) {
+    const int32_t width = int32_t(std::max<int64_t>(32, ggml_block(uint32_t(t)).values));
     SyntheticModelOptions o;
-    o.dim = 32;
-    o.hidden_dim = 32;
+    o.dim = width;
+    o.hidden_dim = width;
     o.n_layers = 1;
     o.n_heads = 2;
     o.n_kv_heads = 1;
     o.vocab_size = 8;
     o.seq_len = 16;
     o.weights = t;
-    write_synthetic_gguf((gguf / ("synthetic_" + std::string(weight_type_name(t)) + ".gguf")).string(), o);
+    write_synthetic_gguf((gguf / ("synthetic_" + ggml_type_name(uint32_t(t)) + ".gguf")).string(), o);
   }
   // The real GGUF's header and vocabulary, without most tensor data.
   write_file(gguf / "stories260K_head.gguf", read_prefix(source_dir + "/models/stories260K.gguf", 16384));

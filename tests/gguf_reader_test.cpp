@@ -384,16 +384,89 @@ TEST(GgufReader, RejectsDuplicateTensorNames) {
 
 TEST(GgufReader, UnknownTensorTypeFailsOnlyWhenUsed) {
   GgufWriter w;
-  w.add_tensor("q4k", {256, 2}, GgmlType(12), pattern(288, 3));  // Q4_K: parsed, not computable
+  w.add_tensor("iq2", {256, 2}, GgmlType(16), pattern(132, 3));  // IQ2_XXS: parsed, not readable
   w.add_tensor("f32", {4}, GgmlType::F32, pattern(16, 4));
-  const std::string path = temp_path("q4k.gguf");
+  const std::string path = temp_path("iq2.gguf");
   w.write(path);
   GgufFile f(path);
-  EXPECT_EQ(f.find_tensor("q4k")->ggml_type, 12u);
-  EXPECT_FALSE(weight_type_from_ggml(12));
+  EXPECT_EQ(f.find_tensor("iq2")->ggml_type, 16u);
+  EXPECT_EQ(f.find_tensor("iq2")->data, nullptr);  // no known size, so no bytes to point at
+  EXPECT_FALSE(weight_type_from_ggml(16));
   EXPECT_NE(f.vector_f32("f32", 4), nullptr);
-  expect_error_containing([&] { (void)f.matrix("q4k", 2, 256); }, "tensor 'q4k' has unsupported type 12");
-  expect_error_containing([&] { (void)f.vector_f32("q4k", 512); }, "tensor 'q4k' must be F32");
+  const std::string message =
+      "tensor 'iq2' has unsupported type IQ2_XXS (ggml type 16) (kvserve reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+      "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)";
+  expect_error_containing([&] { (void)f.matrix("iq2", 2, 256); }, message);
+  expect_error_containing([&] { (void)f.matrix_tensor("iq2", 2, 256); }, message);
+  expect_error_containing([&] { (void)f.vector_f32("iq2", 512); }, "tensor 'iq2' must be F32 (type IQ2_XXS (ggml type 16))");
+}
+
+// The types converted at load: their byte sizes place every tensor, and the
+// matrix view refuses them (Model::load converts them).
+TEST(GgufReader, SizesTensorsOfConvertedTypes) {
+  struct Case {
+    GgmlType type;
+    int64_t cols;
+    size_t row_bytes;
+  };
+  const Case cases[] = {
+      {GgmlType::BF16, 40, 80},       {GgmlType::Q4_1, 64, 2 * 20},  {GgmlType::Q5_0, 64, 2 * 22},
+      {GgmlType::Q5_1, 64, 2 * 24},   {GgmlType::Q2_K, 512, 2 * 84}, {GgmlType::Q3_K, 256, 110},
+      {GgmlType::Q4_K, 512, 2 * 144}, {GgmlType::Q5_K, 256, 176},    {GgmlType::Q6_K, 256, 210},
+  };
+  GgufWriter w;
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const Case& c = cases[i];
+    w.add_tensor(ggml_type_name(uint32_t(c.type)), {c.cols, 3}, c.type, pattern(3 * c.row_bytes, uint8_t(i)));
+  }
+  const std::string path = temp_path("converted_types.gguf");
+  w.write(path);
+  GgufFile f(path);
+  uint64_t offset = 0;
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const Case& c = cases[i];
+    const std::string name = ggml_type_name(uint32_t(c.type));
+    const GgufTensorInfo& t = f.matrix_tensor(name, 3, c.cols);
+    EXPECT_EQ(t.bytes, 3 * c.row_bytes) << name;
+    EXPECT_EQ(t.offset, offset) << name;
+    EXPECT_EQ(std::memcmp(t.data, pattern(3 * c.row_bytes, uint8_t(i)).data(), 3 * c.row_bytes), 0) << name;
+    offset = (offset + t.bytes + 31) / 32 * 32;
+    expect_error_containing([&] { (void)f.matrix(name, 3, c.cols); },
+                            "tensor '" + name + "' is " + ggml_type_label(uint32_t(c.type)) +
+                                ", which is converted at load");
+  }
+}
+
+TEST(GgufReader, RejectsTruncatedKQuantTensor) {
+  // Two Q4_K rows of 256 values: 288 bytes; the file ends 1 byte short.
+  Raw r;
+  r.header(1, 0).tensor("w", {256, 2}, uint32_t(GgmlType::Q4_K), 0).pad();
+  r.bytes.append(287, '\0');
+  expect_gguf_error("q4k_short.gguf", r.bytes, "tensor 'w' lies past the end of the file");
+  Raw exact;
+  exact.header(1, 0).tensor("w", {256, 2}, uint32_t(GgmlType::Q4_K), 0).pad();
+  exact.bytes.append(288, '\0');
+  const std::string path = temp_path("q4k_exact.gguf");
+  write_all(path, exact.bytes);
+  EXPECT_EQ(GgufFile(path).find_tensor("w")->bytes, 288u);
+  // Q6_K's 210-byte super-blocks: three rows need 630 bytes.
+  Raw q6;
+  q6.header(1, 0).tensor("w", {256, 3}, uint32_t(GgmlType::Q6_K), 0).pad();
+  q6.bytes.append(629, '\0');
+  expect_gguf_error("q6k_short.gguf", q6.bytes, "tensor 'w' lies past the end of the file");
+}
+
+TEST(GgufReader, RejectsKQuantRowsNotAMultipleOf256) {
+  Raw r;
+  r.header(1, 0).tensor("w", {288, 2}, uint32_t(GgmlType::Q4_K), 0).pad();
+  r.bytes.append(1024, '\0');
+  expect_gguf_error("q4k_row.gguf", r.bytes,
+                    "tensor 'w' is Q4_K (ggml type 12) but its row of 288 values is not a multiple of 256 (a K-quant "
+                    "super-block)");
+  Raw q51;
+  q51.header(1, 0).tensor("w", {48, 2}, uint32_t(GgmlType::Q5_1), 0).pad();
+  q51.bytes.append(1024, '\0');
+  expect_gguf_error("q51_row.gguf", q51.bytes, "row of 48 values is not a multiple of 32");
 }
 
 TEST(GgufReader, MatrixChecksShapeAndName) {
@@ -484,7 +557,7 @@ TEST(GgufReader, RandomHeaderCorruptionLoadsOrThrowsError) {
   o.n_kv_heads = 2;
   o.vocab_size = 64;
   o.seq_len = 128;
-  o.weights = WeightType::Q8_0;
+  o.weights = GgmlType::Q8_0;
   const std::string base_path = temp_path("corrupt_base.gguf");
   write_synthetic_gguf(base_path, o);
   const std::string base = read_all(base_path);

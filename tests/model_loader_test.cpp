@@ -13,6 +13,7 @@
 
 #include "model/gguf_reader.h"
 #include "model/gguf_writer.h"
+#include "model/ggml_quantize.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
 #include "test_support.h"
@@ -313,7 +314,7 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
     o.n_kv_heads = 2;
     o.vocab_size = 40;
     o.seq_len = 64;
-    o.weights = t;
+    o.weights = ggml_type_of(t);
     const std::string path = temp_path("synth_" + std::string(weight_type_name(t)) + ".gguf");
     write_synthetic_gguf(path, o);
     auto m = Model::load(path);

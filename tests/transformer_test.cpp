@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "fault_injection.h"
 #include "kv/kv_spec.h"
+#include "model/ggml_quantize.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
 
@@ -298,7 +299,7 @@ TEST(QuantizedWeights, LogitsTrackF32) {
   ThreadPool pool(2);
   const std::vector<int32_t> tokens = {1, 17, 42, 5, 77, 9, 33, 60};
   for (WeightType t : {WeightType::F32, WeightType::F16, WeightType::Q8_0, WeightType::Q4_0}) {
-    s.weights = t;
+    s.weights = ggml_type_of(t);
     const std::string path = dir + "/synth_" + std::string(weight_type_name(t)) + ".gguf";
     write_synthetic_gguf(path, s);
     auto model = Model::load(path);

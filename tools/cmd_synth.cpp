@@ -1,4 +1,5 @@
 // kvserve synth: writes a random-weight GGUF of a realistic shape.
+#include <cctype>
 #include <cstdio>
 
 #include "model/synthetic_model.h"
@@ -14,12 +15,25 @@ struct SynthArgs {
   std::string weights = "q8_0";
 };
 
+constexpr GgmlType kWritable[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16,  GgmlType::F32,
+                                   GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                   GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                   GgmlType::Q6_K};
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 void run(SynthArgs a) {
-  if (a.weights == "q8_0") a.model.weights = WeightType::Q8_0;
-  else if (a.weights == "q4_0") a.model.weights = WeightType::Q4_0;
-  else if (a.weights == "f16") a.model.weights = WeightType::F16;
-  else if (a.weights == "f32") a.model.weights = WeightType::F32;
-  else fail("--weights must be one of q8_0, q4_0, f16, f32 (got '{}')", a.weights);
+  std::string names;
+  bool found = false;
+  for (GgmlType t : kWritable) {
+    const std::string name = lower(ggml_type_name(uint32_t(t)));
+    names += (names.empty() ? "" : ", ") + name;
+    if (lower(a.weights) == name) a.model.weights = t, found = true;
+  }
+  if (!found) fail("--weights must be one of {} (got '{}')", names, a.weights);
   write_synthetic_gguf(a.out, a.model);
   std::fprintf(stderr, "kvserve: wrote %s\n", a.out.c_str());
 }
@@ -37,7 +51,12 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--ffn", a->model.hidden_dim, "feed-forward width")->capture_default_str();
   cmd->add_option("--vocab", a->model.vocab_size, "vocabulary size")->capture_default_str();
   cmd->add_option("--ctx", a->model.seq_len, "context length")->capture_default_str();
-  cmd->add_option("--weights", a->weights, "q8_0 | q4_0 | f16 | f32")->capture_default_str();
+  cmd->add_option("--weights", a->weights,
+                  "q8_0 | q4_0 | f16 | f32, or a type kvserve converts at load: bf16 | q4_1 | q5_0 | q5_1 | q2_k | "
+                  "q3_k | q4_k | q5_k | q6_k")
+      ->capture_default_str();
+  cmd->add_flag("--dequantized", a->model.write_dequantized,
+                "write F32 matrices holding the values --weights decodes to (a reference for a converted load)");
   cmd->add_option("--seed", a->model.seed, "random seed")->capture_default_str();
   cmd->callback([a] { run(*a); });
 }

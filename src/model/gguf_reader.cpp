@@ -149,15 +149,11 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& key, const std
   return v;
 }
 
-// Bytes of a tensor of `elements` values of ggml type t; 0 if unsupported.
+// Bytes of a tensor of `elements` values of ggml type t; 0 for types kvserve
+// cannot read. REQUIRES: elements is a multiple of the type's block.
 uint64_t ggml_bytes(uint32_t t, uint64_t elements) {
-  switch (GgmlType(t)) {
-    case GgmlType::F32: return elements * 4;
-    case GgmlType::F16: return elements * 2;
-    case GgmlType::Q8_0: return elements / 32 * 34;
-    case GgmlType::Q4_0: return elements / 32 * 18;
-  }
-  return 0;
+  const GgmlBlock block = ggml_block(t);
+  return block.values == 0 ? 0 : elements / uint64_t(block.values) * uint64_t(block.bytes);
 }
 
 const char* gguf_type_name(GgufType t) {
@@ -178,8 +174,8 @@ std::optional<WeightType> weight_type_from_ggml(uint32_t ggml_type) {
     case GgmlType::F16: return WeightType::F16;
     case GgmlType::Q8_0: return WeightType::Q8_0;
     case GgmlType::Q4_0: return WeightType::Q4_0;
+    default: return std::nullopt;
   }
-  return std::nullopt;
 }
 
 bool has_gguf_magic(const uint8_t* data, size_t size) {
@@ -237,11 +233,14 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
     }
     t.ggml_type = c.read<uint32_t>("tensor type");
     t.offset = c.read<uint64_t>("tensor offset");
+    // Blocks never straddle rows: a row must hold whole blocks (32 values,
+    // 256 for a K-quant's super-blocks).
+    const int64_t block_values = ggml_block(t.ggml_type).values;
+    if (block_values > 1 && t.dims[0] % block_values != 0)
+      fail("{}: tensor '{}' is {} but its row of {} values is not a multiple of {}{}", path, t.name,
+           ggml_type_label(t.ggml_type), t.dims[0], block_values,
+           block_values == kSuperBlock ? " (a K-quant super-block)" : "");
     t.bytes = ggml_bytes(t.ggml_type, elements);
-    if (weight_type_from_ggml(t.ggml_type) && t.ggml_type != uint32_t(GgmlType::F32) &&
-        t.ggml_type != uint32_t(GgmlType::F16) && t.dims[0] % 32 != 0)
-      fail("{}: tensor '{}' is block-quantized but its row of {} values is not a multiple of 32",
-           path, t.name, t.dims[0]);
     if (tensor_index_.count(t.name)) fail("{}: duplicate tensor '{}'", path, t.name);
     tensor_index_[t.name] = tensors_.size();
     tensors_.push_back(std::move(t));
@@ -328,12 +327,12 @@ const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
-WeightMatrix GgufFile::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+const GgufTensorInfo& GgufFile::matrix_tensor(const std::string& name, int64_t rows, int64_t cols) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) fail("{}: missing tensor '{}'", path(), name);
-  auto type = weight_type_from_ggml(t->ggml_type);
-  if (!type) fail("{}: tensor '{}' has unsupported type {} (kvserve reads F32, F16, Q8_0, Q4_0)",
-                  path(), name, t->ggml_type);
+  if (!ggml_load_type(t->ggml_type))
+    fail("{}: tensor '{}' has unsupported type {} (kvserve reads {})", path(), name, ggml_type_label(t->ggml_type),
+         ggml_readable_types());
   if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
     // GGUF lists dims innermost first; a matrix written in the other order
     // shows as the expected dims swapped.
@@ -341,14 +340,23 @@ WeightMatrix GgufFile::matrix(const std::string& name, int64_t rows, int64_t col
     fail("{}: tensor '{}' has shape [{}], expected [{}, {}]{}", path(), name, fmt::join(t->dims, ", "), cols, rows,
          transposed ? ": it appears transposed" : "");
   }
-  return WeightMatrix{*type, t->data, rows, cols};
+  return *t;
+}
+
+WeightMatrix GgufFile::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  const GgufTensorInfo& t = matrix_tensor(name, rows, cols);
+  const auto type = weight_type_from_ggml(t.ggml_type);
+  if (!type)
+    fail("{}: tensor '{}' is {}, which is converted at load (Model::load), not read in place", path(), name,
+         ggml_type_label(t.ggml_type));
+  return WeightMatrix{*type, t.data, rows, cols};
 }
 
 const float* GgufFile::vector_f32(const std::string& name, int64_t n) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) fail("{}: missing tensor '{}'", path(), name);
   if (t->ggml_type != uint32_t(GgmlType::F32))
-    fail("{}: tensor '{}' must be F32 (type {})", path(), name, t->ggml_type);
+    fail("{}: tensor '{}' must be F32 (type {})", path(), name, ggml_type_label(t->ggml_type));
   if (t->dims.size() != 1 || t->dims[0] != n)
     fail("{}: tensor '{}' has shape [{}], expected [{}]", path(), name, fmt::join(t->dims, ", "), n);
   return reinterpret_cast<const float*>(t->data);

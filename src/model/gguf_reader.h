@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/weight_matrix.h"
+#include "model/ggml_dequantize.h"
 #include "util/mapped_file.h"
 
 namespace kvserve {
@@ -33,16 +34,13 @@ struct GgufValue {
       value;
 };
 
-// ggml tensor element types kvserve can compute with.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
-
 struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> dims;  // ne[0] is the innermost (contiguous) dimension
   uint32_t ggml_type = 0;
   uint64_t offset = 0;        // from the start of the data section, in bytes
-  uint64_t bytes = 0;         // size of the tensor data
-  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;         // size of the tensor data; 0 for types kvserve cannot read
+  const uint8_t* data = nullptr;  // null for types kvserve cannot read
 };
 
 // Whether bytes start with the GGUF magic; the path form maps the file
@@ -77,8 +75,13 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* find_tensor(const std::string& name) const;
 
-  // The tensor `name` as a (rows, cols) weight matrix; checks that its shape is
-  // exactly {cols, rows} (GGUF order) and its type is one kvserve supports.
+  // The tensor `name` of a (rows, cols) weight matrix; checks that its shape
+  // is exactly {cols, rows} (GGUF order) and its type one kvserve reads
+  // (ggml_load_type), else throws kvserve::Error naming the tensor and type.
+  const GgufTensorInfo& matrix_tensor(const std::string& name, int64_t rows, int64_t cols) const;
+  // The same tensor viewed in place, for types computed as stored
+  // (weight_type_from_ggml); a type converted at load (ggml_needs_conversion)
+  // throws: Model::load converts those.
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) const;
   // A 1-D F32 tensor of exactly n values (norm weights).
   const float* vector_f32(const std::string& name, int64_t n) const;
@@ -91,7 +94,8 @@ class GgufFile {
   std::map<std::string, size_t> tensor_index_;
 };
 
-// Maps a ggml type to kvserve's weight type; nullopt for unsupported types.
+// Maps a ggml type to the weight type it is computed as in place; nullopt for
+// types converted at load and for types kvserve cannot read.
 std::optional<WeightType> weight_type_from_ggml(uint32_t ggml_type);
 
 }  // namespace kvserve

@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/weight_quantize.h"
+#include "model/ggml_quantize.h"
 #include "model/gguf_writer.h"
 #include "model/model_config.h"
 #include "util/error.h"
@@ -12,34 +12,34 @@
 namespace kvserve {
 namespace {
 
-GgmlType ggml_type_of(WeightType t) {
-  switch (t) {
-    case WeightType::F32: return GgmlType::F32;
-    case WeightType::F16: return GgmlType::F16;
-    case WeightType::Q8_0: return GgmlType::Q8_0;
-    case WeightType::Q4_0: return GgmlType::Q4_0;
-  }
-  return GgmlType::F32;
-}
-
 // A (rows, cols) matrix of uniform values in +-sqrt(3/cols) (unit variance
-// activations stay unit variance), encoded row by row.
-std::vector<uint8_t> random_matrix(std::mt19937& rng, WeightType t, int64_t rows, int64_t cols) {
+// activations stay unit variance), encoded row by row in type t; with
+// dequantized, as F32 after a round trip through t.
+std::vector<uint8_t> random_matrix(std::mt19937& rng, GgmlType t, bool dequantized, int64_t rows, int64_t cols) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const float scale = std::sqrt(3.0f / float(cols));
+  const GgmlBlock block = ggml_block(uint32_t(t));
   std::vector<uint8_t> out;
-  out.reserve(weight_row_bytes(t, cols) * size_t(rows));
+  out.reserve(size_t(rows) * size_t(dequantized ? cols * 4 : cols / block.values * block.bytes));
   std::vector<float> row(static_cast<size_t>(cols));
+  std::vector<uint8_t> encoded;
   for (int64_t r = 0; r < rows; ++r) {
     for (auto& v : row) v = u(rng) * scale;
-    quantize_row(t, row.data(), cols, out);
+    if (!dequantized) {
+      quantize_ggml_row(t, row.data(), cols, out);
+      continue;
+    }
+    encoded.clear();
+    quantize_ggml_row(t, row.data(), cols, encoded);
+    dequantize_ggml_row(t, encoded.data(), cols, row.data());
+    quantize_ggml_row(GgmlType::F32, row.data(), cols, out);
   }
   return out;
 }
 
 std::vector<uint8_t> ones(int64_t n) {
   std::vector<uint8_t> out;
-  quantize_row(WeightType::F32, std::vector<float>(size_t(n), 1.0f).data(), n, out);
+  quantize_ggml_row(GgmlType::F32, std::vector<float>(size_t(n), 1.0f).data(), n, out);
   return out;
 }
 
@@ -55,10 +55,13 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   c.vocab_size = o.vocab_size;
   c.seq_len = o.seq_len;
   c.validate("synth");
-  if (o.weights == WeightType::Q8_0 || o.weights == WeightType::Q4_0) {
-    if (c.dim % kQuantBlock != 0 || c.hidden_dim % kQuantBlock != 0)
-      fail("synth: --dim and --ffn must be multiples of 32 for {} weights", weight_type_name(o.weights));
-  }
+  const int64_t block = ggml_block(uint32_t(o.weights)).values;
+  if (block == 0) fail("synth: weights of {} cannot be written", ggml_type_label(uint32_t(o.weights)));
+  // Rows of every matrix are dim or hidden_dim (attn_output's n_heads *
+  // head_dim is dim) values long.
+  if (c.dim % block != 0 || c.hidden_dim % block != 0)
+    fail("synth: --dim and --ffn must be multiples of {} for {} weights", block,
+         ggml_type_name(uint32_t(o.weights)));
   if (c.vocab_size < 4) fail("synth: --vocab must be at least 4");
 
   GgufWriter w;
@@ -92,22 +95,25 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
 
   std::mt19937 rng(uint32_t(o.seed));
-  const GgmlType gt = ggml_type_of(o.weights);
+  const GgmlType gt = o.write_dequantized ? GgmlType::F32 : o.weights;
+  auto random = [&](int64_t rows, int64_t cols) {
+    return random_matrix(rng, o.weights, o.write_dequantized, rows, cols);
+  };
   const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim(), kv = c.kv_dim(), hid = c.hidden_dim;
-  w.add_tensor("token_embd.weight", {dim, c.vocab_size}, gt, random_matrix(rng, o.weights, c.vocab_size, dim));
+  w.add_tensor("token_embd.weight", {dim, c.vocab_size}, gt, random(c.vocab_size, dim));
   w.add_tensor("output_norm.weight", {dim}, GgmlType::F32, ones(dim));
-  w.add_tensor("output.weight", {dim, c.vocab_size}, gt, random_matrix(rng, o.weights, c.vocab_size, dim));
+  w.add_tensor("output.weight", {dim, c.vocab_size}, gt, random(c.vocab_size, dim));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     auto name = [&](const char* what) { return "blk." + std::to_string(l) + "." + what + ".weight"; };
     w.add_tensor(name("attn_norm"), {dim}, GgmlType::F32, ones(dim));
-    w.add_tensor(name("attn_q"), {dim, q_dim}, gt, random_matrix(rng, o.weights, q_dim, dim));
-    w.add_tensor(name("attn_k"), {dim, kv}, gt, random_matrix(rng, o.weights, kv, dim));
-    w.add_tensor(name("attn_v"), {dim, kv}, gt, random_matrix(rng, o.weights, kv, dim));
-    w.add_tensor(name("attn_output"), {q_dim, dim}, gt, random_matrix(rng, o.weights, dim, q_dim));
+    w.add_tensor(name("attn_q"), {dim, q_dim}, gt, random(q_dim, dim));
+    w.add_tensor(name("attn_k"), {dim, kv}, gt, random(kv, dim));
+    w.add_tensor(name("attn_v"), {dim, kv}, gt, random(kv, dim));
+    w.add_tensor(name("attn_output"), {q_dim, dim}, gt, random(dim, q_dim));
     w.add_tensor(name("ffn_norm"), {dim}, GgmlType::F32, ones(dim));
-    w.add_tensor(name("ffn_gate"), {dim, hid}, gt, random_matrix(rng, o.weights, hid, dim));
-    w.add_tensor(name("ffn_down"), {hid, dim}, gt, random_matrix(rng, o.weights, dim, hid));
-    w.add_tensor(name("ffn_up"), {dim, hid}, gt, random_matrix(rng, o.weights, hid, dim));
+    w.add_tensor(name("ffn_gate"), {dim, hid}, gt, random(hid, dim));
+    w.add_tensor(name("ffn_down"), {hid, dim}, gt, random(dim, hid));
+    w.add_tensor(name("ffn_up"), {dim, hid}, gt, random(hid, dim));
   }
   w.write(path);
 }

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/weight_matrix.h"
+#include "model/ggml_dequantize.h"
 
 namespace kvserve {
 
@@ -17,7 +17,11 @@ struct SyntheticModelOptions {
   int32_t n_kv_heads = 8;
   int32_t vocab_size = 32000;
   int32_t seq_len = 16384;             // context length written to the file
-  WeightType weights = WeightType::Q8_0;
+  GgmlType weights = GgmlType::Q8_0;  // the matrices' type (norms are F32)
+  // Write the matrices as F32 holding the values `weights` decodes to (each
+  // row encoded, then decoded): the same model as with false, up to F32's
+  // exactness, for comparing a converted load with plain floats.
+  bool write_dequantized = false;
   uint64_t seed = 1;
 };
 
