@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -347,9 +348,79 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
   }
 }
 
+// Every type converted at load: the matrices become Q8_0 (F32 for BF16),
+// hold what the file's rows decode to, are listed by conversions(), and get
+// the interleaved treatment native Q8_0 gets (their row-major copy freed).
+TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
+  for (GgmlType t : {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const std::string type_name = ggml_type_name(uint32_t(t));
+    SCOPED_TRACE(type_name);
+    SyntheticModelOptions o;
+    o.dim = 256;
+    o.hidden_dim = 512;
+    o.n_layers = 2;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.vocab_size = 40;
+    o.seq_len = 64;
+    o.weights = t;
+    const std::string path = temp_path("synth_" + type_name + ".gguf");
+    write_synthetic_gguf(path, o);
+    auto m = Model::load(path);
+    const WeightType to = t == GgmlType::BF16 ? WeightType::F32 : WeightType::Q8_0;
+    const std::vector<TensorConversion> conv = m->conversions();
+    ASSERT_EQ(conv.size(), 2u + 7u * 2u);
+    EXPECT_EQ(conv[0].name, "token_embd.weight");
+    EXPECT_EQ(conv[1].name, "output.weight");
+    EXPECT_EQ(conv[2].name, "blk.0.attn_q.weight");
+    for (const TensorConversion& c : conv) {
+      EXPECT_EQ(c.from, uint32_t(t)) << c.name;
+      EXPECT_EQ(c.to, to) << c.name;
+    }
+    const Weights& w = m->weights();
+    const bool interleaved = to == WeightType::Q8_0 && interleaved_weights_supported();
+    EXPECT_EQ(w.token_embedding.type, to);
+    EXPECT_NE(w.token_embedding.data, nullptr);  // lookups read it
+    EXPECT_EQ(w.token_embedding.interleaved, nullptr);
+    EXPECT_EQ(w.classifier.interleaved != nullptr, interleaved);
+    for (const auto& l : w.layers)
+      for (const WeightMatrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up}) {
+        EXPECT_EQ(x->type, to);
+        EXPECT_EQ(x->interleaved != nullptr, interleaved);
+        EXPECT_EQ(x->data == nullptr, interleaved);  // only the interleaved copy is kept
+      }
+    EXPECT_EQ(w.bytes(), (2 * 40 * 256 + 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 256 * 512)) *
+                                 (to == WeightType::F32 ? size_t(4) : size_t(34)) / (to == WeightType::F32 ? 1 : 32) +
+                             5 * 256 * sizeof(float));
+
+    // The embedding's rows are the file's rows decoded (exactly for BF16),
+    // re-encoded: within half a Q8_0 step d = amax / 127, plus the fp16
+    // rounding of d times codes up to 127 (127 * 2^-11 d).
+    GgufFile f(path);
+    const GgufTensorInfo& emb = *f.find_tensor("token_embd.weight");
+    const size_t src_row = emb.bytes / 40;
+    std::vector<float> want(256), got(256);
+    for (int64_t r = 0; r < 40; r += 13) {
+      dequantize_ggml_row(t, emb.data + size_t(r) * src_row, 256, want.data());
+      dequantize_row(w.token_embedding, r, got.data());
+      for (int b = 0; b < 256; b += 32) {
+        float amax = 0;
+        for (int i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(want[size_t(i)]));
+        const float tol = to == WeightType::F32 ? 0.0f : amax / 127.0f * (0.5f + 127.0f / 2048.0f) + 1e-7f;
+        for (int i = b; i < b + 32; ++i) ASSERT_NEAR(got[size_t(i)], want[size_t(i)], tol) << "row " << r << " value " << i;
+      }
+    }
+    // Its fingerprint hashes the file's bytes: stable across loads (the
+    // freed row-major copies are not read).
+    EXPECT_EQ(m->fingerprint(), Model::load(path)->fingerprint());
+  }
+}
+
 // A GGUF `llama` checkpoint with tensors of the given shapes, no vocabulary.
 struct TinyGguf {
   int64_t dim = 8, hidden = 16, layers = 1, heads = 2, kv_heads = 1, vocab = 4, seq = 16;
+  GgmlType type = GgmlType::F32;  // of the matrices (all-zero bytes); norms are F32
   std::vector<int64_t> wk_dims;   // empty: the right {dim, kv_dim}
   std::vector<int64_t> emb_dims;  // empty: the right {dim, vocab}
 
@@ -362,10 +433,14 @@ struct TinyGguf {
     w.set_u32("llama.attention.head_count_kv", uint32_t(kv_heads));
     w.set_u32("llama.context_length", uint32_t(seq));
     const int64_t kv = dim / heads * kv_heads;
-    auto f32 = [&](const std::string& name, std::vector<int64_t> dims) {
+    auto tensor = [&](const std::string& name, std::vector<int64_t> dims, GgmlType t) {
       int64_t n = 1;
       for (int64_t d : dims) n *= d;
-      w.add_tensor(name, dims, GgmlType::F32, std::vector<uint8_t>(size_t(n) * 4, 0));
+      const GgmlBlock b = ggml_block(uint32_t(t));
+      w.add_tensor(name, dims, t, std::vector<uint8_t>(size_t(n / b.values * b.bytes), 0));
+    };
+    auto f32 = [&](const std::string& name, std::vector<int64_t> dims) {
+      tensor(name, dims, dims.size() == 1 ? GgmlType::F32 : type);
     };
     f32("token_embd.weight", emb_dims.empty() ? std::vector<int64_t>{dim, vocab} : emb_dims);
     f32("output_norm.weight", {dim});
@@ -392,6 +467,28 @@ TEST(ModelLoader, TinyGgufLoadsAndSharesItsEmbedding) {
   EXPECT_EQ(m->config().vocab_size, 4);
   EXPECT_EQ(m->weights().classifier.data, m->weights().token_embedding.data);  // no output.weight
   EXPECT_EQ(m->tokenizer(), nullptr);
+}
+
+// A converted embedding with no output.weight: the classifier shares the
+// converted copy, which lookups keep reading after the classifier's
+// interleaved copy is made.
+TEST(ModelLoader, ConvertedEmbeddingIsSharedWithTheClassifier) {
+  TinyGguf g;
+  g.dim = 256;
+  g.hidden = 256;
+  g.type = GgmlType::Q4_K;
+  const std::string path = temp_path("tiny_q4k.gguf");
+  g.write(path);
+  auto m = Model::load(path);
+  const Weights& w = m->weights();
+  EXPECT_EQ(w.token_embedding.type, WeightType::Q8_0);
+  EXPECT_EQ(w.classifier.data, w.token_embedding.data);
+  EXPECT_NE(w.token_embedding.data, nullptr);
+  EXPECT_EQ(m->conversions().size(), 1u + 7u);  // the embedding once
+  std::vector<float> row(256, 1.0f);
+  dequantize_row(w.token_embedding, 3, row.data());
+  for (float v : row) EXPECT_EQ(v, 0.0f);  // all-zero blocks
+  EXPECT_EQ(m->fingerprint().size(), 32u);
 }
 
 TEST(ModelLoader, GgufWithWrongShapeNamesTheTensor) {

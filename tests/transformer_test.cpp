@@ -10,6 +10,7 @@
 
 #include "engine/sampler.h"
 #include "fault_injection.h"
+#include "greedy_alone.h"
 #include "kv/kv_spec.h"
 #include "model/ggml_quantize.h"
 #include "model/synthetic_model.h"
@@ -323,6 +324,63 @@ TEST(QuantizedWeights, LogitsTrackF32) {
   EXPECT_LT(rel_err(WeightType::Q8_0), 3e-2);
   EXPECT_LT(rel_err(WeightType::Q4_0), 0.3);
   EXPECT_GT(rel_err(WeightType::Q4_0), rel_err(WeightType::Q8_0));
+}
+
+// A checkpoint of a type converted at load (Q4_K and Q6_K re-encoded as
+// Q8_0, BF16 widened to F32) runs as the same values written as F32 would:
+// BF16 exactly; the others within the Q8_0 re-encoding's error, the bound
+// LogitsTrackF32 holds Q8_0 itself to (8-bit codes: ~1% per weight, partly
+// averaging out), and with the same greedy tokens as far as they are stable.
+TEST(ConvertedWeights, RunAsTheirDequantizedF32) {
+  const std::string dir = ::testing::TempDir();
+  SyntheticModelOptions s;
+  s.dim = 256;  // K-quant rows hold whole 256-value super-blocks
+  s.hidden_dim = 512;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.vocab_size = 96;
+  s.seq_len = 64;
+  ThreadPool pool(2);
+  const std::vector<int32_t> tokens = {1, 17, 42, 5, 77, 9, 33, 60};
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+    SCOPED_TRACE(ggml_type_name(uint32_t(t)));
+    s.weights = t;
+    std::vector<float> logits[2];
+    std::vector<int32_t> greedy[2];
+    for (bool dequantized : {false, true}) {
+      s.write_dequantized = dequantized;
+      const std::string path = dir + "/converted_" + ggml_type_name(uint32_t(t)) + (dequantized ? "_f32" : "") + ".gguf";
+      write_synthetic_gguf(path, s);
+      auto model = Model::load(path);
+      const WeightType expected = dequantized || t == GgmlType::BF16 ? WeightType::F32 : WeightType::Q8_0;
+      EXPECT_EQ(model->weights().layers[1].w_down.type, expected);
+      EXPECT_EQ(model->weights().token_embedding.type, expected);
+      EXPECT_EQ(model->conversions().size(), dequantized ? 0u : 2u + 7u * 2u);
+      KvCache cache(model->config(), KvCacheOptions{});
+      Transformer tf(*model, pool);
+      logits[dequantized] = run(tf, cache, tokens, 3);
+      greedy[dequantized] = testing_files::greedy_alone(*model, {1, 17, 42}, 12, KvCacheOptions{});
+      std::filesystem::remove(path);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      num += std::pow(double(logits[0][i]) - logits[1][i], 2);
+      den += std::pow(double(logits[1][i]), 2);
+    }
+    if (t == GgmlType::BF16) {
+      EXPECT_EQ(logits[0], logits[1]);  // widening is exact: the same F32 model
+    } else {
+      EXPECT_LT(std::sqrt(num / den), 3e-2);
+    }
+    // A random-weight model's top two logits are often close: under Q4_K's
+    // re-encoding the sixth token flips (a near tie), so the re-encoded types
+    // are held to the first five.
+    const size_t stable = t == GgmlType::BF16 ? greedy[1].size() : 5;
+    EXPECT_EQ(std::vector<int32_t>(greedy[0].begin(), greedy[0].begin() + long(stable)),
+              std::vector<int32_t>(greedy[1].begin(), greedy[1].begin() + long(stable)));
+  }
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ size_t weight_row_bytes(WeightType t, int64_t cols);
 
 struct WeightMatrix {
   WeightType type = WeightType::F32;
-  const void* data = nullptr;  // (rows, cols) in `type`'s layout
+  const void* data = nullptr;  // (rows, cols) in `type`'s layout; null when only the
+                               // interleaved copy is kept (a tensor converted at load)
   int64_t rows = 0;            // output features
   int64_t cols = 0;            // input features
   // Optional copy of a Q8_0 matrix laid out for the batched VNNI kernel

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "kernels/interleaved_weights.h"
+#include "kernels/weight_quantize.h"
+#include "model/ggml_dequantize.h"
 #include "model/gguf_reader.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -53,6 +55,28 @@ void check_head_counts(const GgufFile& f, const ModelConfig& c) {
        c.n_kv_heads, kv_named ? "" : " (absent: head_count)");
 }
 
+// Decodes the rows of tensor t, a (rows, cols) matrix of a type converted at
+// load, and re-encodes each as `to` into out (rows * weight_row_bytes(to, cols)
+// bytes). The reader checked that t's bytes lie in the file and match its
+// shape and type, so every row read below is inside them.
+void convert_rows(const GgufTensorInfo& t, int64_t rows, int64_t cols, WeightType to, uint8_t* out,
+                  ThreadPool& pool) {
+  const GgmlBlock block = ggml_block(t.ggml_type);
+  const size_t src_row = size_t(cols / block.values * block.bytes);
+  const size_t dst_row = weight_row_bytes(to, cols);
+  pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
+    std::vector<float> x(static_cast<size_t>(cols));  // one decoded row
+    std::vector<uint8_t> encoded;
+    encoded.reserve(dst_row);
+    for (int64_t r = begin; r < end; ++r) {
+      dequantize_ggml_row(GgmlType(t.ggml_type), t.data + size_t(r) * src_row, cols, x.data());
+      encoded.clear();
+      quantize_row(to, x.data(), cols, encoded);
+      std::memcpy(out + size_t(r) * dst_row, encoded.data(), dst_row);
+    }
+  });
+}
+
 }  // namespace
 
 Model::Model() = default;
@@ -79,6 +103,15 @@ const std::string& Model::fingerprint() const {
                                         c.rope_theta, c.norm_eps);
   XXH3_128bits_update(state, shape.data(), shape.size());
   auto matrix = [&](const WeightMatrix& w) {
+    if (const Conversion* c = conversion_of(w)) {
+      // The file's bytes: the same file gives the same fingerprint whether or
+      // not the converted copy was replaced by an interleaved one.
+      const int type = 1000 + int(c->info.from);  // apart from WeightType's numbers
+      XXH3_128bits_update(state, &type, sizeof type);
+      XXH3_128bits_update(state, c->source, c->source_bytes);
+      MappedFile::release(c->source, c->source_bytes);
+      return;
+    }
     const int type = int(w.type);
     XXH3_128bits_update(state, &type, sizeof type);
     XXH3_128bits_update(state, w.data, w.bytes());
@@ -98,6 +131,40 @@ const std::string& Model::fingerprint() const {
   XXH3_freeState(state);
   fingerprint_ = fmt::format("{:016x}{:016x}", h.high64, h.low64);
   return fingerprint_;
+}
+
+std::vector<TensorConversion> Model::conversions() const {
+  std::vector<TensorConversion> out;
+  for (const auto& c : conversions_) out.push_back(c->info);
+  return out;
+}
+
+Model::Conversion* Model::conversion_of(const WeightMatrix& w) const {
+  for (const auto& c : conversions_)
+    if (std::find(c->users.begin(), c->users.end(), &w) != c->users.end()) return c.get();
+  return nullptr;
+}
+
+void Model::load_gguf_matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix& out,
+                             std::unique_ptr<ThreadPool>& pool) {
+  const GgufTensorInfo& t = gguf_->matrix_tensor(name, rows, cols);
+  if (!ggml_needs_conversion(t.ggml_type)) {
+    out = gguf_->matrix(name, rows, cols);
+    return;
+  }
+  auto c = std::make_unique<Conversion>();
+  c->info = {name, t.ggml_type, *ggml_load_type(t.ggml_type)};
+  c->source = t.data;
+  c->source_bytes = size_t(t.bytes);
+  c->buffer.resize(weight_row_bytes(c->info.to, cols) * size_t(rows));
+  if (!pool) pool = std::make_unique<ThreadPool>(int(std::max(1u, std::thread::hardware_concurrency())));
+  convert_rows(t, rows, cols, c->info.to, c->buffer.data(), *pool);
+  // The copy is what runs: the file's pages are not needed again (until
+  // fingerprint() hashes them).
+  MappedFile::release(t.data, size_t(t.bytes));
+  out = WeightMatrix{c->info.to, c->buffer.data(), rows, cols};
+  c->users.push_back(&out);
+  conversions_.push_back(std::move(c));
 }
 
 const Tokenizer& Model::require_tokenizer() const {
@@ -153,13 +220,21 @@ void Model::interleave_weights() {
       copies[size_t(i)] = make_interleaved(w);
       // Drop the copied pages at once, so the two copies never all coexist. A
       // classifier tied to the embedding keeps its pages: lookups read them.
-      if (copies[size_t(i)] && w.data != weights_.token_embedding.data) MappedFile::release(w.data, w.bytes());
+      // A converted matrix's buffer is heap memory, freed below (advice to
+      // drop its pages would zero them).
+      if (copies[size_t(i)] && w.data != weights_.token_embedding.data && conversion_of(w) == nullptr)
+        MappedFile::release(w.data, w.bytes());
     }
   });
   for (size_t i = 0; i < todo.size(); ++i) {
     if (!copies[i]) continue;
-    todo[i]->interleaved = copies[i].get();
+    WeightMatrix& w = *todo[i];
+    w.interleaved = copies[i].get();
     interleaved_.push_back(std::move(copies[i]));
+    if (Conversion* c = conversion_of(w); c != nullptr && w.data != weights_.token_embedding.data) {
+      c->buffer = AlignedBuffer<uint8_t>();
+      w.data = nullptr;
+    }
   }
 }
 
@@ -224,23 +299,32 @@ void Model::load_gguf(const std::string& path) {
     fail("{}: RoPE scaling ('{}', factor {}) is not supported", path, scaling, factor);
 
   const int64_t q_dim = int64_t(c.n_heads) * c.head_dim();
-  weights_.token_embedding = f.matrix("token_embd.weight", c.vocab_size, c.dim);
+  std::unique_ptr<ThreadPool> pool;  // for conversions, created by the first
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, WeightMatrix& out) {
+    load_gguf_matrix(name, rows, cols, out, pool);
+  };
+  matrix("token_embd.weight", c.vocab_size, c.dim, weights_.token_embedding);
   weights_.final_norm = f.vector_f32("output_norm.weight", c.dim);
-  weights_.classifier = f.find_tensor("output.weight") ? f.matrix("output.weight", c.vocab_size, c.dim)
-                                                       : weights_.token_embedding;
+  if (f.find_tensor("output.weight")) {
+    matrix("output.weight", c.vocab_size, c.dim, weights_.classifier);
+  } else {
+    weights_.classifier = weights_.token_embedding;
+    if (Conversion* e = conversion_of(weights_.token_embedding)) e->users.push_back(&weights_.classifier);
+  }
+  // Sized once: the conversions point at these fields.
   weights_.layers.resize(size_t(c.n_layers));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     auto name = [&](const char* what) { return fmt::format("blk.{}.{}.weight", l, what); };
     LayerWeights& w = weights_.layers[size_t(l)];
     w.attn_norm = f.vector_f32(name("attn_norm"), c.dim);
-    w.wq = f.matrix(name("attn_q"), q_dim, c.dim);
-    w.wk = f.matrix(name("attn_k"), c.kv_dim(), c.dim);
-    w.wv = f.matrix(name("attn_v"), c.kv_dim(), c.dim);
-    w.wo = f.matrix(name("attn_output"), c.dim, q_dim);
+    matrix(name("attn_q"), q_dim, c.dim, w.wq);
+    matrix(name("attn_k"), c.kv_dim(), c.dim, w.wk);
+    matrix(name("attn_v"), c.kv_dim(), c.dim, w.wv);
+    matrix(name("attn_output"), c.dim, q_dim, w.wo);
     w.ffn_norm = f.vector_f32(name("ffn_norm"), c.dim);
-    w.w_gate = f.matrix(name("ffn_gate"), c.hidden_dim, c.dim);
-    w.w_down = f.matrix(name("ffn_down"), c.dim, c.hidden_dim);
-    w.w_up = f.matrix(name("ffn_up"), c.hidden_dim, c.dim);
+    matrix(name("ffn_gate"), c.hidden_dim, c.dim, w.w_gate);
+    matrix(name("ffn_down"), c.dim, c.hidden_dim, w.w_down);
+    matrix(name("ffn_up"), c.hidden_dim, c.dim, w.w_up);
   }
   // Every tensor must be one the graph above reads: another (a layer past
   // block_count, rope_freqs.weight, a bias) would be silently left out.

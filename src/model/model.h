@@ -10,11 +10,13 @@
 #include "kernels/weight_matrix.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
+#include "util/aligned_buffer.h"
 #include "util/mapped_file.h"
 
 namespace kvserve {
 
 class GgufFile;
+class ThreadPool;
 struct InterleavedWeights;
 
 struct LayerWeights {
@@ -40,6 +42,15 @@ struct Weights {
 
 enum class CheckpointFormat { Gguf, Llama2c };
 
+// A GGUF tensor stored in a type kvserve does not compute with (the K-quants,
+// Q4_1, Q5_0, Q5_1, BF16), converted at load: decoded row by row and
+// re-encoded as `to` (Q8_0; F32 for BF16, exactly).
+struct TensorConversion {
+  std::string name;       // the GGUF tensor name
+  uint32_t from = 0;      // its ggml type in the file
+  WeightType to = WeightType::Q8_0;
+};
+
 class Model {
  public:
   // Loads a GGUF (by magic) or llama2.c .bin checkpoint. A llama2.c checkpoint
@@ -57,18 +68,43 @@ class Model {
   const Tokenizer& require_tokenizer() const;
   const std::string& path() const { return path_; }
   // Identity of the model for caches shared beyond one process: XXH3-128 of
-  // the shape and of every weight byte, in hex. Same file, same fingerprint,
-  // wherever it is loaded; computed on first call (reads all weights once).
+  // the shape and of every weight byte, in hex (a converted tensor's bytes as
+  // the file stores them). Same file, same fingerprint, wherever it is
+  // loaded; computed on first call (reads all weights once).
   const std::string& fingerprint() const;
+  // The tensors converted at load, in load order; empty for a checkpoint
+  // whose weights are all read in place.
+  std::vector<TensorConversion> conversions() const;
 
   Model();
   ~Model();
 
  private:
+  // One converted tensor: the owned buffer its matrices point at, and its
+  // bytes in the file (what fingerprint() hashes).
+  struct Conversion {
+    TensorConversion info;
+    const uint8_t* source = nullptr;          // in the mapped file
+    size_t source_bytes = 0;
+    AlignedBuffer<uint8_t> buffer;            // (rows, weight_row_bytes(info.to, cols)); freed once
+                                              // an interleaved copy replaces it
+    std::vector<const WeightMatrix*> users;   // fields of weights_ pointing at buffer (the embedding
+                                              // and a classifier tied to it share one)
+  };
+
   void load_gguf(const std::string& path);
   void load_llama2c(const std::string& path);
+  // out = the GGUF tensor `name` of shape (rows, cols): a view into the file
+  // for types computed in place, else a converted copy this model owns.
+  // pool: created on the first conversion, shared by the later ones.
+  void load_gguf_matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix& out,
+                        std::unique_ptr<ThreadPool>& pool);
+  // The conversion whose buffer w is (or was) read from; null for weights read in place.
+  Conversion* conversion_of(const WeightMatrix& w) const;
   // Gives every Q8_0/Q4_0 projection its interleaved copy for the batched
-  // kernel (kernels/interleaved_weights.h) and releases the mapped pages it copied.
+  // kernel (kernels/interleaved_weights.h) and releases the mapped pages it
+  // copied, or frees the converted buffer it copied (its matrix's data is
+  // then null: matmul reads only the copy).
   // Skipped when the build lacks the kernel or KVSERVE_INTERLEAVE_WEIGHTS=0
   // (kept for A/B measurements).
   void interleave_weights();
@@ -81,6 +117,7 @@ class Model {
   std::unique_ptr<GgufFile> gguf_;        // keeps GGUF tensors mapped
   std::unique_ptr<MappedFile> raw_file_;  // keeps llama2.c tensors mapped
   std::vector<std::unique_ptr<InterleavedWeights>> interleaved_;  // owned copies the matrices point at
+  std::vector<std::unique_ptr<Conversion>> conversions_;          // converted tensors, in load order
   mutable std::string fingerprint_;       // cached by fingerprint()
 };
 
