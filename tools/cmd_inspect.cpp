@@ -1,6 +1,7 @@
 // kvserve inspect: what a checkpoint holds and what its KV cache costs.
 #include <cstdio>
 
+#include "model/ggml_dequantize.h"
 #include "tools/cli_common.h"
 
 namespace kvserve::cli {
@@ -34,6 +35,15 @@ void run(const CommonOptions& o) {
       // Whole blocks, as allocated: bytes_per_token is rounded down (int2-small: 127.5 B).
       {"kv_bytes_full_context", int64_t(cache.blocks_for(c.seq_len)) * kv.bytes_per_block},
   };
+  // Tensors the file stores in a type kvserve converts at load: how many,
+  // and which file type became which ({"Q4_K": "Q8_0", "Q6_K": "Q8_0"}).
+  const std::vector<TensorConversion> conversions = model->conversions();
+  if (!conversions.empty()) {
+    nlohmann::json types = nlohmann::json::object();
+    for (const TensorConversion& c : conversions) types[ggml_type_name(c.from)] = std::string(weight_type_name(c.to));
+    j["converted_tensors"] = conversions.size();
+    j["converted_types"] = types;
+  }
   if (o.json) {
     print_json(j);
     return;

@@ -145,6 +145,18 @@ add_test(NAME cli.calibration_layout_yields_to_flags
   COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --kv-calibration ${LAYOUT_CALIB} --kv-k-grouping token --json)
 set_tests_properties(cli.calibration_layout_yields_to_flags PROPERTIES
   PASS_REGULAR_EXPRESSION "\"kv_dtype\":\"K int4/token/g8\\+prerope V int2/token/g8\"")
+# A checkpoint whose weights are a type converted at load (synth writes
+# Q4_K): it runs, and inspect names the conversion.
+set(Q4K_MODEL ${CMAKE_BINARY_DIR}/cli_synth_q4_k.gguf)
+add_test(NAME cli.synth_q4_k COMMAND kvserve synth --out ${Q4K_MODEL} --dim 256 --layers 1 --heads 4 --kv-heads 2
+  --ffn 256 --vocab 64 --ctx 64 --weights q4_k)
+set_tests_properties(cli.synth_q4_k PROPERTIES FIXTURES_SETUP q4k_model)
+add_test(NAME cli.inspect_names_converted_types COMMAND kvserve inspect --model ${Q4K_MODEL} --json)
+set_tests_properties(cli.inspect_names_converted_types PROPERTIES FIXTURES_REQUIRED q4k_model
+  PASS_REGULAR_EXPRESSION "\"converted_tensors\":9,\"converted_types\":\\{\"Q4_K\":\"Q8_0\"\\}")
+add_test(NAME cli.generate_converted_q4_k COMMAND kvserve generate --model ${Q4K_MODEL} --prompt x --max-tokens 8
+  --temperature 0)
+set_tests_properties(cli.generate_converted_q4_k PROPERTIES FIXTURES_REQUIRED q4k_model)
 kvserve_error_test(cli.error_calibration_from_another_model "was measured on another model"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int8
   --kv-calibration ${CMAKE_SOURCE_DIR}/tests/cli/other_model_calibration.json)
