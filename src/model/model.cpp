@@ -216,25 +216,26 @@ void Model::interleave_weights() {
   ThreadPool pool(int(std::max(1u, std::thread::hardware_concurrency())));
   pool.parallel_for(int64_t(todo.size()), 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
-      const WeightMatrix& w = *todo[size_t(i)];
+      WeightMatrix& w = *todo[size_t(i)];
       copies[size_t(i)] = make_interleaved(w);
-      // Drop the copied pages at once, so the two copies never all coexist. A
-      // classifier tied to the embedding keeps its pages: lookups read them.
-      // A converted matrix's buffer is heap memory, freed below (advice to
-      // drop its pages would zero them).
-      if (copies[size_t(i)] && w.data != weights_.token_embedding.data && conversion_of(w) == nullptr)
+      // Drop the copied bytes at once, so the two copies never all coexist. A
+      // classifier tied to the embedding keeps them: lookups read them. A
+      // converted matrix's buffer is heap memory: freed (advice to drop its
+      // pages would zero them). Only this thread touches w and its
+      // conversion's buffer; the users lists other threads read stay as they are.
+      if (!copies[size_t(i)] || w.data == weights_.token_embedding.data) continue;
+      if (Conversion* c = conversion_of(w)) {
+        c->buffer = AlignedBuffer<uint8_t>();
+        w.data = nullptr;
+      } else {
         MappedFile::release(w.data, w.bytes());
+      }
     }
   });
   for (size_t i = 0; i < todo.size(); ++i) {
     if (!copies[i]) continue;
-    WeightMatrix& w = *todo[i];
-    w.interleaved = copies[i].get();
+    todo[i]->interleaved = copies[i].get();
     interleaved_.push_back(std::move(copies[i]));
-    if (Conversion* c = conversion_of(w); c != nullptr && w.data != weights_.token_embedding.data) {
-      c->buffer = AlignedBuffer<uint8_t>();
-      w.data = nullptr;
-    }
   }
 }
 
