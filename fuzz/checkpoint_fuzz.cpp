@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/interleaved_weights.h"
 #include "model/gguf_reader.h"
 #include "model/model.h"
 #include "model/synthetic_model.h"
@@ -41,7 +42,17 @@ void touch(const void* p, size_t n) {
   (void)b[n - 1];
 }
 
-void touch(const WeightMatrix& m) { touch(m.data, m.bytes()); }
+// A matrix converted at load keeps only its interleaved copy (data is null).
+void touch(const WeightMatrix& m) {
+  if (m.data != nullptr) return touch(m.data, m.bytes());
+  if (m.interleaved == nullptr) {
+    std::fprintf(stderr, "a %lld x %lld matrix has neither data nor an interleaved copy\n", (long long)m.rows,
+                 (long long)m.cols);
+    std::abort();
+  }
+  touch(m.interleaved->qs.data(), m.interleaved->qs.size());
+  touch(m.interleaved->d.data(), m.interleaved->d.size() * sizeof(uint16_t));
+}
 
 void exercise_tokenizer(Vocab vocab) {
   Tokenizer tok(std::move(vocab));
