@@ -85,14 +85,20 @@ void q2_k(const float* x, uint8_t* b) {
   }
 }
 
-void q3_k(const float* x, uint8_t* b) {
-  float scale[16];
+// Each 16-value sub-block's signed scale, mapping its value of largest
+// magnitude to `lowest` (the most negative code); returns the largest |scale|.
+float sub_block_scales16(const float* x, float lowest, float (&scale)[16]) {
   float amax = 0;
   for (int s = 0; s < 16; ++s) {
-    scale[s] = max_signed(x + 16 * s, 16) / -4.0f;
+    scale[s] = max_signed(x + 16 * s, 16) / lowest;
     amax = std::max(amax, std::fabs(scale[s]));
   }
-  const float d = round_fp16(amax / 32.0f);
+  return amax;
+}
+
+void q3_k(const float* x, uint8_t* b) {
+  float scale[16];
+  const float d = round_fp16(sub_block_scales16(x, -4.0f, scale) / 32.0f);
   put_fp16(b + 108, d);
   for (int s = 0; s < 16; ++s) {
     const int sc = code(scale[s], d, -32, 31);
@@ -139,12 +145,7 @@ void q45_k(const float* x, int levels, uint8_t* b, uint8_t* qh, uint8_t* qs) {
 
 void q6_k(const float* x, uint8_t* b) {
   float scale[16];
-  float amax = 0;
-  for (int s = 0; s < 16; ++s) {
-    scale[s] = max_signed(x + 16 * s, 16) / -32.0f;
-    amax = std::max(amax, std::fabs(scale[s]));
-  }
-  const float d = round_fp16(amax / 127.0f);
+  const float d = round_fp16(sub_block_scales16(x, -32.0f, scale) / 127.0f);
   put_fp16(b + 208, d);
   for (int s = 0; s < 16; ++s) {
     const int sc = code(scale[s], d, -128, 127);
