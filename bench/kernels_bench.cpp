@@ -80,6 +80,14 @@ struct WeightSet {
       case WeightType::Q4_0:
         for (size_t b = 0; b < bytes / 18; ++b) std::memcpy(p + 18 * b, &scale, 2);
         break;
+      case WeightType::Q4_1: {
+        const fp16_t min = fp32_to_fp16(-0.08f);
+        for (size_t b = 0; b < bytes / 20; ++b) {
+          std::memcpy(p + 20 * b, &scale, 2);
+          std::memcpy(p + 20 * b + 2, &min, 2);
+        }
+        break;
+      }
     }
   }
 
@@ -138,14 +146,15 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matmul)->Apply(matmul_args);
 
-// The same Q8_0/Q4_0 matrices through their interleaved copies (what Model
-// loads on AVX-512 VNNI and AVX2 machines). Args: weight type, rows, cols, n, threads.
+// The same Q8_0/Q4_0 matrices (and Q4_1, on AVX2) through their interleaved
+// copies (what Model loads on AVX-512 VNNI and AVX2 machines). Args: weight
+// type, rows, cols, n, threads.
 void BM_MatmulInterleaved(benchmark::State& state) {
   const auto type = WeightType(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
   const int threads = int(state.range(4));
-  if (!interleaved_weights_supported()) {
-    state.SkipWithError("no interleaved kernel in this build (needs AVX2)");
+  if (!interleaved_weights_supported() || (type == WeightType::Q4_1 && !native_q4_1_supported())) {
+    state.SkipWithError("no interleaved kernel for this type in this build (needs AVX2)");
     return;
   }
   // Built from one plain set at a time, then the plain copies are dropped.
@@ -166,7 +175,11 @@ void BM_MatmulInterleaved(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulInterleaved)
     ->ArgNames({"type", "rows", "cols", "n", "threads"})
-    ->ArgsProduct({{int64_t(WeightType::Q8_0), int64_t(WeightType::Q4_0)}, {4096}, {1536}, {1, 16, 64, 512}, {1, 2}})
+    ->ArgsProduct({{int64_t(WeightType::Q8_0), int64_t(WeightType::Q4_0), int64_t(WeightType::Q4_1)},
+                   {4096},
+                   {1536},
+                   {1, 16, 64, 512},
+                   {1, 2}})
     ->Args({int64_t(WeightType::Q8_0), 1536, 4096, 1, 2})
     ->Args({int64_t(WeightType::Q8_0), 1536, 4096, 16, 2})
     ->UseRealTime();

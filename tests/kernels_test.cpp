@@ -15,6 +15,7 @@
 #include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
 #include "kernels/weight_matrix.h"
+#include "kernels/weight_quantize.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
 
@@ -33,10 +34,12 @@ TEST(WeightMatrix, NamesAndRowBytes) {
   EXPECT_EQ(weight_type_name(WeightType::F16), "F16");
   EXPECT_EQ(weight_type_name(WeightType::Q8_0), "Q8_0");
   EXPECT_EQ(weight_type_name(WeightType::Q4_0), "Q4_0");
+  EXPECT_EQ(weight_type_name(WeightType::Q4_1), "Q4_1");
   EXPECT_EQ(weight_row_bytes(WeightType::F32, 96), 384u);
   EXPECT_EQ(weight_row_bytes(WeightType::F16, 96), 192u);
   EXPECT_EQ(weight_row_bytes(WeightType::Q8_0, 96), 102u);
   EXPECT_EQ(weight_row_bytes(WeightType::Q4_0, 96), 54u);
+  EXPECT_EQ(weight_row_bytes(WeightType::Q4_1, 96), 60u);
   WeightMatrix w{WeightType::Q8_0, nullptr, 10, 64};
   EXPECT_EQ(w.row_bytes(), 68u);
   EXPECT_EQ(w.bytes(), 680u);
@@ -86,6 +89,40 @@ TEST(WeightMatrix, DequantizeQ4_0) {
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(out[size_t(j)], 2.0f * float(j - 8)) << j;
     EXPECT_EQ(out[size_t(j + 16)], 2.0f * float(7 - j)) << j;
+  }
+}
+
+TEST(WeightMatrix, DequantizeQ4_1) {
+  // Q4_0's nibble order; x = d * nibble + m.
+  std::vector<uint8_t> bytes(2 * 20, 0);
+  put_fp16(bytes, 20, 0.5f);
+  put_fp16(bytes, 22, -3.25f);
+  for (int j = 0; j < 16; ++j) bytes[20 + 4 + size_t(j)] = uint8_t(j | (15 - j) << 4);
+  WeightMatrix w{WeightType::Q4_1, bytes.data(), 2, 32};
+  std::vector<float> out(32);
+  dequantize_row(w, 1, out.data());
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[size_t(j)], 0.5f * float(j) - 3.25f) << j;
+    EXPECT_EQ(out[size_t(j + 16)], 0.5f * float(15 - j) - 3.25f) << j;
+  }
+}
+
+TEST(WeightQuantize, Q4_1RoundTripsWithinHalfAStep) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-0.7f, 0.3f);
+  std::vector<float> x(96);
+  for (auto& v : x) v = u(rng);
+  std::vector<uint8_t> bytes;
+  quantize_row(WeightType::Q4_1, x.data(), 96, bytes);
+  ASSERT_EQ(bytes.size(), weight_row_bytes(WeightType::Q4_1, 96));
+  std::vector<float> y(96);
+  dequantize_row(WeightMatrix{WeightType::Q4_1, bytes.data(), 1, 96}, 0, y.data());
+  for (int b = 0; b < 3; ++b) {
+    const auto [lo, hi] = std::minmax_element(x.begin() + 32 * b, x.begin() + 32 * b + 32);
+    // Half a step of (max - min) / 15, plus the fp16 rounding of d and m.
+    const float step = (*hi - *lo) / 15.0f;
+    for (int j = 32 * b; j < 32 * b + 32; ++j)
+      EXPECT_NEAR(y[size_t(j)], x[size_t(j)], step * (0.5f + 16.0f / 2048.0f) + std::fabs(*lo) / 2048.0f) << j;
   }
 }
 
@@ -175,6 +212,16 @@ TestMatrix random_matrix(WeightType type, int64_t rows, int64_t cols, std::mt199
       }
       break;
     }
+    case WeightType::Q4_1:
+      for (size_t b = 0; b < values / 32; ++b) {
+        // Mins around the -8 d of a symmetric block, so that sums cancel as
+        // real ones do, and past it both ways.
+        const float d = scale(rng);
+        put_fp16(m.bytes, b * 20, d);
+        put_fp16(m.bytes, b * 20 + 2, -d * 16.0f * float(byte(rng)) / 255.0f);
+        for (size_t j = 4; j < 20; ++j) m.bytes[b * 20 + j] = uint8_t(byte(rng));
+      }
+      break;
   }
   return m;
 }
@@ -196,7 +243,7 @@ std::vector<float> random_activations(int64_t n, int64_t cols, std::mt19937& rng
 //   |sum w (x - x~)| <= sum_blocks max|x_block| / 254 * sum_block |w|.
 std::vector<double> error_bounds(const WeightMatrix& w, const std::vector<float>& x, int64_t n,
                                  double rel) {
-  const bool quantized = w.type == WeightType::Q8_0 || w.type == WeightType::Q4_0;
+  const bool quantized = w.type == WeightType::Q8_0 || w.type == WeightType::Q4_0 || w.type == WeightType::Q4_1;
   std::vector<double> bound(static_cast<size_t>(n * w.rows));
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
@@ -231,7 +278,7 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// interleave: run the Q8_0/Q4_0 matrix through its interleaved copy.
+// interleave: run the Q8_0/Q4_0/Q4_1 matrix through its interleaved copy.
 void check_matmul(WeightType type, Shape s, int64_t n, int threads, bool interleave = false) {
   std::mt19937 rng(uint32_t(s.rows * 1000 + s.cols * 10 + n));
   const TestMatrix m = random_matrix(type, s.rows, s.cols, rng);
@@ -266,7 +313,7 @@ class MatmulTest : public ::testing::TestWithParam<WeightType> {};
 
 TEST_P(MatmulTest, MatchesReferenceWithinBound) {
   const WeightType type = GetParam();
-  const bool quantized = type == WeightType::Q8_0 || type == WeightType::Q4_0;
+  const bool quantized = type == WeightType::Q8_0 || type == WeightType::Q4_0 || type == WeightType::Q4_1;
   // Rows off the 4-row tile and the 32-row thread grain; odd and even block counts.
   std::vector<Shape> shapes = {{1, 32}, {3, 64}, {5, 96}, {37, 160}, {130, 256}, {67, 544}};
   if (!quantized) {
@@ -294,14 +341,14 @@ TEST_P(MatmulTest, ThreadedResultIsIdenticalToSingleThreaded) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
                          ::testing::Values(WeightType::F32, WeightType::F16, WeightType::Q8_0,
-                                           WeightType::Q4_0),
+                                           WeightType::Q4_0, WeightType::Q4_1),
                          [](const auto& info) { return std::string(weight_type_name(info.param)); });
 
 // When every activation block has max |x| = 127 and integer values, the Q8
 // activation quantization is exact (d = 1), so quantized matmul must agree with
 // the reference to float rounding: this pins the block layout exactly.
 TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
-  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0}) {
+  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1}) {
     std::mt19937 rng(5);
     const int64_t rows = 13, cols = 160, n = 6;
     const TestMatrix m = random_matrix(type, rows, cols, rng);
@@ -322,19 +369,27 @@ TEST(MatmulQuantized, ExactWhenActivationsAreRepresentable) {
   }
 }
 
-// The interleaved Q8_0/Q4_0 copies (AVX-512 VNNI and AVX2 builds): rows off
-// the 16- and 8-row groups, token counts off the 16-token tile and the 64-token chunk.
+// Whether this build makes interleaved copies of type t.
+bool interleaves(WeightType t) {
+  return t == WeightType::Q4_1 ? native_q4_1_supported() : interleaved_weights_supported();
+}
+const char* const kNoInterleavedKernel =
+    "no interleaved kernel for this type in this build (needs AVX2; Q4_1: the 256-bit kernel)";
+
+// The interleaved Q8_0/Q4_0/Q4_1 copies (AVX-512 VNNI and AVX2 builds; Q4_1
+// on AVX2 only): rows off the 16- and 8-row groups, token counts off the
+// 16-token tile and the 64-token chunk.
 class MatmulInterleaved : public ::testing::TestWithParam<WeightType> {};
 
 TEST_P(MatmulInterleaved, MatchesReferenceWithinBound) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
+  if (!interleaves(GetParam())) GTEST_SKIP() << kNoInterleavedKernel;
   for (Shape s : std::vector<Shape>{{1, 32}, {13, 64}, {16, 96}, {37, 160}, {130, 256}, {67, 544}})
     for (int64_t n : {1, 3, 15, 16, 17, 64, 70, 130})
       for (int threads : {1, 2, 3}) check_matmul(GetParam(), s, n, threads, true);
 }
 
 TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
+  if (!interleaves(GetParam())) GTEST_SKIP() << kNoInterleavedKernel;
   std::mt19937 rng(5);
   const int64_t rows = 29, cols = 160, n = 19;
   const TestMatrix m = random_matrix(GetParam(), rows, cols, rng);
@@ -358,22 +413,26 @@ TEST_P(MatmulInterleaved, ExactWhenActivationsAreRepresentable) {
 }
 
 // The kernels' 16-bit partial sums at their largest: Q8_0 q = -128 and 127,
-// Q4_0 nibbles of 15 (q = 7), against x = +-127 of one sign, and against
-// alternating signs, through the interleaved copy and the checkpoint layout.
-// Integer activations with max |x| = 127 quantize exactly, so the result
-// must equal the reference to float rounding.
+// Q4_0 nibbles of 15 (q = 7), Q4_1 nibbles of 15 (with no offset taken off,
+// the same int16 pair sums: 8 pairs of 2 * 15 * 127), against x = +-127 of
+// one sign, and against alternating signs, through the interleaved copy and
+// the checkpoint layout. Integer activations with max |x| = 127 quantize
+// exactly, so the result must equal the reference to float rounding.
 TEST_P(MatmulInterleaved, ExactAtTheLargestPartialSums) {
   const WeightType type = GetParam();
   const int64_t rows = 19, cols = 128, n = 6;
   TestMatrix m{type, rows, cols, std::vector<uint8_t>(weight_row_bytes(type, cols) * size_t(rows))};
-  const size_t block_bytes = type == WeightType::Q8_0 ? 34 : 18;
+  const size_t block_bytes = type == WeightType::Q8_0 ? 34 : type == WeightType::Q4_0 ? 18 : 20;
+  const size_t header = type == WeightType::Q4_1 ? 4 : 2;
   for (size_t b = 0; b < m.bytes.size() / block_bytes; ++b) {
     put_fp16(m.bytes, b * block_bytes, 1.0f);
-    // Q8_0: q = -128 in even rows, 127 in odd ones (the largest |q| and the
-    // largest q + 128); Q4_0: every nibble 15 in odd blocks, 0 (q = -8) in even ones.
+    // Q4_1's min: -8 (Q4_0's values) in odd rows, 0.25 in even ones.
     const bool odd_row = (b / size_t(cols / 32)) % 2 == 1;
+    if (type == WeightType::Q4_1) put_fp16(m.bytes, b * block_bytes + 2, odd_row ? -8.0f : 0.25f);
+    // Q8_0: q = -128 in even rows, 127 in odd ones (the largest |q| and the
+    // largest q + 128); Q4_0, Q4_1: every nibble 15 in odd blocks, 0 in even ones.
     const uint8_t fill = type == WeightType::Q8_0 ? (odd_row ? 0x7F : 0x80) : (b % 2 ? 0xFF : 0x00);
-    std::memset(m.bytes.data() + b * block_bytes + 2, fill, block_bytes - 2);
+    std::memset(m.bytes.data() + b * block_bytes + header, fill, block_bytes - header);
   }
   std::vector<float> x(size_t(n * cols));
   for (int64_t t = 0; t < n; ++t)
@@ -386,7 +445,7 @@ TEST_P(MatmulInterleaved, ExactAtTheLargestPartialSums) {
   std::vector<float> want(size_t(n * rows));
   matmul_reference(m.view(), x.data(), want.data(), n);
   for (bool interleave : {false, true}) {
-    if (interleave && !interleaved_weights_supported()) continue;
+    if (interleave && !interleaves(type)) continue;
     const auto packed = interleave ? make_interleaved(m.view()) : nullptr;
     WeightMatrix w = m.view();
     w.interleaved = packed.get();
@@ -399,7 +458,7 @@ TEST_P(MatmulInterleaved, ExactAtTheLargestPartialSums) {
 }
 
 TEST_P(MatmulInterleaved, ThreadedResultIsIdenticalToSingleThreaded) {
-  if (!interleaved_weights_supported()) GTEST_SKIP() << "no interleaved kernel in this build (needs AVX2)";
+  if (!interleaves(GetParam())) GTEST_SKIP() << kNoInterleavedKernel;
   std::mt19937 rng(12);
   const TestMatrix m = random_matrix(GetParam(), 203, 320, rng);
   const auto packed = make_interleaved(m.view());
@@ -414,12 +473,24 @@ TEST_P(MatmulInterleaved, ThreadedResultIsIdenticalToSingleThreaded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(QuantizedTypes, MatmulInterleaved,
-                         ::testing::Values(WeightType::Q8_0, WeightType::Q4_0),
+                         ::testing::Values(WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1),
                          [](const auto& info) { return std::string(weight_type_name(info.param)); });
 
-// Q, K and V in one call: each output bit-identical to its own matmul, with
-// and without the interleaved copies, for shapes off the 16-row group and a
-// mix of Q8_0 and Q4_0.
+// Q4_1's min term is added per call tile of up to 4 tokens (AVX2): every
+// token count from 1 to 20 and past the 64-token chunk, odd block counts,
+// rows off the 8-row group.
+TEST(MatmulInterleavedQ4_1, EveryTokenCountAndOddBlockCounts) {
+  if (!native_q4_1_supported()) GTEST_SKIP() << kNoInterleavedKernel;
+  std::vector<int64_t> counts;
+  for (int64_t n = 1; n <= 20; ++n) counts.push_back(n);
+  for (int64_t n : {63, 64, 65, 67, 129}) counts.push_back(n);
+  for (Shape s : std::vector<Shape>{{3, 96}, {11, 224}, {21, 352}})
+    for (int64_t n : counts) check_matmul(WeightType::Q4_1, s, n, n % 3 == 0 ? 2 : 1, true);
+}
+
+// Q, K and V (and a fourth) in one call: each output bit-identical to its
+// own matmul, with and without the interleaved copies, for shapes off the
+// 16-row group and a mix of Q8_0, Q4_0 and Q4_1.
 TEST(MatmulSharedInput, EqualsOneMatmulPerMatrix) {
   std::mt19937 rng(21);
   const int64_t cols = 192, n = 18;
@@ -427,27 +498,28 @@ TEST(MatmulSharedInput, EqualsOneMatmulPerMatrix) {
   ms.push_back(random_matrix(WeightType::Q8_0, 64, cols, rng));
   ms.push_back(random_matrix(WeightType::Q4_0, 21, cols, rng));
   ms.push_back(random_matrix(WeightType::Q8_0, 37, cols, rng));
+  ms.push_back(random_matrix(WeightType::Q4_1, 19, cols, rng));
   const std::vector<float> x = random_activations(n, cols, rng);
   for (bool interleave : {false, true}) {
     std::vector<std::unique_ptr<InterleavedWeights>> packed;
     std::vector<WeightMatrix> w;
     for (const TestMatrix& m : ms) {
       w.push_back(m.view());
-      if (interleave && interleaved_weights_supported()) {
+      if (interleave && interleaves(m.type)) {
         packed.push_back(make_interleaved(w.back()));
         w.back().interleaved = packed.back().get();
       }
     }
-    std::vector<std::vector<float>> one(3), many(3);
+    std::vector<std::vector<float>> one(4), many(4);
     ThreadPool pool(2);
-    for (size_t i = 0; i < 3; ++i) {
+    for (size_t i = 0; i < 4; ++i) {
       one[i].resize(size_t(n * w[i].rows));
       many[i].assign(size_t(n * w[i].rows), NAN);
       matmul(w[i], x.data(), one[i].data(), n, &pool);
     }
-    matmul_shared_input({&w[0], &w[1], &w[2]}, {many[0].data(), many[1].data(), many[2].data()}, x.data(), n,
-                        &pool);
-    for (size_t i = 0; i < 3; ++i)
+    matmul_shared_input({&w[0], &w[1], &w[2], &w[3]}, {many[0].data(), many[1].data(), many[2].data(), many[3].data()},
+                        x.data(), n, &pool);
+    for (size_t i = 0; i < 4; ++i)
       EXPECT_EQ(std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)), 0)
           << "matrix " << i << (interleave ? " interleaved" : "");
   }
@@ -457,8 +529,8 @@ TEST(MatmulInterleavedTypes, OnlyBlockQuantizedTypesAreInterleaved) {
   std::mt19937 rng(3);
   for (WeightType type : {WeightType::F32, WeightType::F16})
     EXPECT_EQ(make_interleaved(random_matrix(type, 4, 64, rng).view()), nullptr) << weight_type_name(type);
-  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0})
-    EXPECT_EQ(make_interleaved(random_matrix(type, 4, 64, rng).view()) != nullptr, interleaved_weights_supported())
+  for (WeightType type : {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1})
+    EXPECT_EQ(make_interleaved(random_matrix(type, 4, 64, rng).view()) != nullptr, interleaves(type))
         << weight_type_name(type);
 }
 

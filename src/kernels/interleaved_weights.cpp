@@ -1,5 +1,5 @@
-// Interleaved Q8_0/Q4_0 matmul: packing, activation tiles and the kernels
-// (AVX-512 VNNI: 16 rows per register; AVX2: 8).
+// Interleaved Q8_0/Q4_0/Q4_1 matmul: packing, activation tiles and the
+// kernels (AVX-512 VNNI: 16 rows per register; AVX2: 8, and Q4_1).
 //
 // vpdpbusd multiplies unsigned by signed bytes. Here the weights are the
 // unsigned operand (q + off: off = 128 for Q8_0, stored so; 8 for Q4_0's raw
@@ -9,6 +9,11 @@
 // computed when the activations are quantized and seeds the block's sum.
 // AVX2 without VNNI multiplies with vpmaddubsw, whose 16-bit pair sums would
 // overflow on (q + 128) x; its Q8_0 path takes |q| times x sign(q) instead.
+//
+// Q4_1 (x = d q + m, q the raw nibble) needs no offset: its block sum is
+// sum q x as Q4_0's without the correction, and the min adds m dx sum x,
+// sum x again from the activations' quantization:
+//   out += float(sum q x) (d dx) + m (dx sum x).
 #include "kernels/interleaved_weights.h"
 
 #include "util/simd.h"
@@ -31,7 +36,7 @@ constexpr int64_t kTokenChunk = 64;   // tokens whose tiles reuse a group's weig
 constexpr int64_t kBlockValues = 32;
 constexpr int64_t kStepBytes = 4 * kGroupRows;  // one vector: 4 bytes of each row
 constexpr int64_t kQ8Steps = 8;       // steps per block (see InterleavedWeights::qs)
-constexpr int64_t kQ4Steps = 4;
+constexpr int64_t kQ4Steps = 4;  // Q4_0 and Q4_1
 constexpr int64_t kParallelMinValues = 1 << 16;  // below: one thread quantizes the activations
 
 int64_t steps_per_block(WeightType t) { return t == WeightType::Q8_0 ? kQ8Steps : kQ4Steps; }
@@ -113,13 +118,14 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
-// One kernel call's place, block by block: group g's weights and scales, and
-// the activations of tokens [t0, ...) in their tile. next() moves all five
-// to the following block.
+// One kernel call's place, block by block: group g's weights, scales (and
+// mins, for a B with them), and the activations of tokens [t0, ...) in their
+// tile. next() moves them all to the following block.
 template <class B>
 struct BlockCursor {
   const uint8_t* wq;
   const uint16_t* wd;
+  const uint16_t* wm = nullptr;  // B::kMin only
   const int8_t* xq;
   const float* xd;
   const int32_t* xs;
@@ -128,6 +134,7 @@ struct BlockCursor {
     const size_t first = a.slot(t0, 0);
     wq = w.qs.data() + size_t(g * w.blocks * B::kBytes);
     wd = w.d.data() + size_t(g * w.blocks * kGroupRows);
+    if constexpr (B::kMin) wm = w.m.data() + size_t(g * w.blocks * kGroupRows);
     xq = a.qs.data() + first * kBlockValues;
     xd = a.d.data() + first;
     xs = a.sum.data() + first;
@@ -135,6 +142,7 @@ struct BlockCursor {
   void next() {
     wq += B::kBytes;
     wd += kGroupRows;
+    if constexpr (B::kMin) wm += kGroupRows;
     xq += kTileTokens * kBlockValues;
     xd += kTileTokens;
     xs += kTileTokens;
@@ -147,6 +155,7 @@ struct BlockCursor {
 // values 4i..4i+3 of each of the 16 rows.
 struct Q8Block {
   static constexpr int kOffset = 128;
+  static constexpr bool kMin = false;
   static constexpr int64_t kBytes = kQ8Steps * kStepBytes;
   static void load(const uint8_t* p, __m512i (&wv)[8]) {
     KVSERVE_UNROLL
@@ -156,6 +165,7 @@ struct Q8Block {
 
 struct Q4Block {
   static constexpr int kOffset = 8;
+  static constexpr bool kMin = false;
   static constexpr int64_t kBytes = kQ4Steps * kStepBytes;
   static void load(const uint8_t* p, __m512i (&wv)[8]) {
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -213,6 +223,7 @@ void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g
 // call's tokens in turn. Block sums come out in int32 with the offset
 // correction applied, as the 512-bit kernel's.
 struct Q8Block {
+  static constexpr bool kMin = false;
   static constexpr int64_t kBytes = kQ8Steps * kStepBytes;
   template <int T>
   static void dot(const uint8_t* p, const int8_t* xq, const int32_t* xs, __m256i (&sum)[T]) {
@@ -258,7 +269,12 @@ struct Q8Block {
   }
 };
 
-struct Q4Block {
+// Q4_0 (kMin false: nibble q + 8, the sums corrected by -8 sum x) and Q4_1
+// (kMin: nibble q, no correction; group_tile adds the min term).
+template <bool kWithMin>
+struct NibbleBlock {
+  static constexpr bool kMin = kWithMin;
+  static constexpr int kOffset = kWithMin ? 0 : 8;
   static constexpr int64_t kBytes = kQ4Steps * kStepBytes;
   // Calls meet(t, lo, hi, x_lo, x_hi) for each step and token: step i's low
   // nibbles (values 4i..4i+3 of each row) and high ones (16+4i..), and the
@@ -284,7 +300,7 @@ struct Q4Block {
     __m256i high[T];
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t) {
-      sum[t] = _mm256_set1_epi32(-8 * xs[t]);
+      sum[t] = _mm256_set1_epi32(-kOffset * xs[t]);
       high[t] = _mm256_setzero_si256();
     }
     for_each_step<T>(p, xq, [&](int t, __m256i lo, __m256i hi, __m256i x_lo, __m256i x_hi) {
@@ -306,10 +322,12 @@ struct Q4Block {
     const __m256i ones = _mm256_set1_epi16(1);
     KVSERVE_UNROLL
     for (int t = 0; t < T; ++t)
-      sum[t] = _mm256_add_epi32(_mm256_madd_epi16(pairs[t], ones), _mm256_set1_epi32(-8 * xs[t]));
+      sum[t] = _mm256_add_epi32(_mm256_madd_epi16(pairs[t], ones), _mm256_set1_epi32(-kOffset * xs[t]));
 #endif
   }
 };
+using Q4Block = NibbleBlock<false>;
+using Q4_1Block = NibbleBlock<true>;
 
 // Rows [8 g, 8 g + 8) for tokens [t0, t0 + T) of one tile.
 template <class B, int T>
@@ -327,9 +345,22 @@ void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g
     __m256i sum[T];
     B::template dot<T>(c.wq, c.xq, c.xs, sum);
     const __m256 scale = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(c.wd)));
-    KVSERVE_UNROLL
-    for (int t = 0; t < T; ++t)
-      out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(c.xd[t])), out[t]);
+    if constexpr (B::kMin) {
+      // m (dx sum x) as the addend of the scaled sum's FMA: out's own chain
+      // stays one dependent operation per block.
+      const __m256 mins = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(c.wm)));
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const __m256 min_term = _mm256_mul_ps(mins, _mm256_set1_ps(c.xd[t] * float(c.xs[t])));
+        const __m256 block =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(c.xd[t])), min_term);
+        out[t] = _mm256_add_ps(out[t], block);
+      }
+    } else {
+      KVSERVE_UNROLL
+      for (int t = 0; t < T; ++t)
+        out[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(c.xd[t])), out[t]);
+    }
     c.next();
   }
   const int64_t live = std::min<int64_t>(kGroupRows, w.rows - g * kGroupRows);
@@ -345,8 +376,15 @@ void dispatch_tile(int tokens, const InterleavedWeights& w, const ActivationTile
                    float* y, std::integer_sequence<int, Ts...>) {
   if (w.type == WeightType::Q8_0) {
     ((tokens == Ts + 1 ? group_tile<Q8Block, Ts + 1>(w, a, g, t0, y) : void()), ...);
-  } else {
+  } else if (w.type == WeightType::Q4_0) {
     ((tokens == Ts + 1 ? group_tile<Q4Block, Ts + 1>(w, a, g, t0, y) : void()), ...);
+  } else {
+#if defined(KVSERVE_INTERLEAVED_512)
+    // No 512-bit Q4_1 kernel: make_interleaved never makes a Q4_1 copy here.
+    fail("interleaved matmul: no Q4_1 kernel in the AVX-512 VNNI build");
+#else
+    ((tokens == Ts + 1 ? group_tile<Q4_1Block, Ts + 1>(w, a, g, t0, y) : void()), ...);
+#endif
   }
 }
 
@@ -380,9 +418,18 @@ bool interleaved_weights_supported() {
 #endif
 }
 
+bool native_q4_1_supported() {
+#if defined(KVSERVE_INTERLEAVED) && !defined(KVSERVE_INTERLEAVED_512)
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
   if (!interleaved_weights_supported() || w.rows <= 0) return nullptr;
-  if (w.type != WeightType::Q8_0 && w.type != WeightType::Q4_0) return nullptr;
+  if (w.type != WeightType::Q8_0 && w.type != WeightType::Q4_0 && w.type != WeightType::Q4_1) return nullptr;
+  if (w.type == WeightType::Q4_1 && !native_q4_1_supported()) return nullptr;
   auto p = std::make_unique<InterleavedWeights>();
   p->type = w.type;
   p->rows = w.rows;
@@ -392,26 +439,31 @@ std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w) {
   const int64_t steps = steps_per_block(w.type);
   const int64_t block_bytes = steps * kStepBytes;  // interleaved, per (group, block)
   const int64_t quant_bytes = steps * 4;           // one row's quants per block in the checkpoint
-  const bool q8 = w.type == WeightType::Q8_0;
+  const bool q8 = w.type == WeightType::Q8_0, with_min = w.type == WeightType::Q4_1;
+  const int64_t header_bytes = with_min ? 4 : 2;   // fp16 d (and m) before a block's quants
   p->qs.resize(size_t(p->groups * p->blocks * block_bytes));
   p->d.resize(size_t(p->groups * p->blocks * kGroupRows));
+  if (with_min) p->m.resize(p->d.size());
   // Stored quants are q + 128 (Q8_0: flip the sign bit) or the raw nibble bytes.
   const uint32_t flip = q8 ? 0x80808080u : 0u;
+  // A padding row's quants: q = 0 (Q4_1: code 0; its d and m are 0 anyway).
+  const int pad = q8 ? 0x80 : with_min ? 0x00 : 0x88;
   for (int64_t r = 0; r < p->groups * kGroupRows; ++r) {
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     const uint8_t* src = r < w.rows ? w.row(r) : nullptr;
     for (int64_t b = 0; b < p->blocks; ++b) {
       const size_t gb = size_t(g * p->blocks + b);
       uint8_t* dst = p->qs.data() + gb * size_t(block_bytes) + size_t(lane) * 4;
-      if (src == nullptr) {  // padding row: q = 0, d = 0 (the buffer is zeroed)
-        for (int64_t i = 0; i < steps; ++i) std::memset(dst + i * kStepBytes, q8 ? 0x80 : 0x88, 4);
+      if (src == nullptr) {  // padding row: q = 0, d = m = 0 (the buffers are zeroed)
+        for (int64_t i = 0; i < steps; ++i) std::memset(dst + i * kStepBytes, pad, 4);
         continue;
       }
-      const uint8_t* block = src + b * (2 + quant_bytes);
+      const uint8_t* block = src + b * (header_bytes + quant_bytes);
       std::memcpy(&p->d[gb * kGroupRows + size_t(lane)], block, 2);
+      if (with_min) std::memcpy(&p->m[gb * kGroupRows + size_t(lane)], block + 2, 2);
       for (int64_t i = 0; i < steps; ++i) {
         uint32_t v;
-        std::memcpy(&v, block + 2 + 4 * i, 4);
+        std::memcpy(&v, block + header_bytes + 4 * i, 4);
         v ^= flip;
         std::memcpy(dst + i * kStepBytes, &v, 4);
       }

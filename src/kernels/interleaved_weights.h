@@ -1,5 +1,6 @@
-// Q8_0 and Q4_0 weights re-laid for batched matmul: 16 rows side by side on
-// AVX-512 VNNI, 8 on AVX2 (with or without AVX-VNNI), one per 32-bit lane.
+// Q8_0, Q4_0 and Q4_1 weights re-laid for batched matmul: 16 rows side by
+// side on AVX-512 VNNI, 8 on AVX2 (with or without AVX-VNNI), one per 32-bit
+// lane. Q4_1 only on AVX2 (native_q4_1_supported).
 //
 // Why: with rows in the checkpoint's layout, every (row, token, block) dot
 // product ends in its own convert, scale product and FMA: about four vector
@@ -31,32 +32,45 @@ struct InterleavedWeights {
 #else
   static constexpr int kRows = 8;  // ... of a 256-bit register
 #endif
-  WeightType type = WeightType::Q8_0;  // Q8_0 or Q4_0
+  WeightType type = WeightType::Q8_0;  // Q8_0, Q4_0 or Q4_1
   int64_t rows = 0, cols = 0;
   int64_t groups = 0;  // ceil(rows / kRows); rows past `rows` are zero
   int64_t blocks = 0;  // cols / 32
   // Per (group, block), steps of kRows rows x 4 bytes, all unsigned:
   //   Q8_0: 8 steps; step i holds values 4i..4i+3 of each row as q + 128.
-  //   Q4_0: 4 steps; step i holds bytes 4i..4i+3 of each row's 16 nibble
-  //         bytes as stored (low nibble: value k, high: value k + 16; q + 8).
+  //   Q4_0, Q4_1: 4 steps; step i holds bytes 4i..4i+3 of each row's 16
+  //         nibble bytes as stored (low nibble: value k, high: value k + 16;
+  //         Q4_0's nibble is q + 8, Q4_1's is its code).
   AlignedBuffer<uint8_t> qs;
   AlignedBuffer<uint16_t> d;  // (groups, blocks, kRows): fp16 scales
+  AlignedBuffer<uint16_t> m;  // (groups, blocks, kRows): fp16 mins; Q4_1 only, else empty
 
-  size_t bytes() const { return qs.size() + d.size() * sizeof(uint16_t); }
+  size_t bytes() const { return qs.size() + (d.size() + m.size()) * sizeof(uint16_t); }
 };
 
 // Whether this build has an interleaved kernel (AVX-512 with VNNI, or AVX2).
 bool interleaved_weights_supported();
 
-// A copy of w in the interleaved layout; null when w is not Q8_0/Q4_0 or the
-// build lacks the kernel (matmul then runs on the checkpoint's layout).
+// Whether this build computes Q4_1 natively: only the 256-bit (AVX2, with or
+// without AVX-VNNI) interleaved kernel has a Q4_1 path, which reuses Q4_0's
+// nibble dot product with the min added outside it. The AVX-512 VNNI kernel
+// has none: it was written on an AVX2-only machine, where 512-bit code could
+// be neither run nor tested, so it was not written. Where this is false,
+// make_interleaved returns null for Q4_1 and loaders convert Q4_1 and Q4_K
+// tensors to Q8_0 instead (Model::load), so that Q4_1 never reaches matmul's
+// row-major Q4_1 kernel, a scalar one kept for tests and references.
+bool native_q4_1_supported();
+
+// A copy of w in the interleaved layout; null when w is not Q8_0/Q4_0/Q4_1,
+// or the build lacks the kernel (for Q4_1: native_q4_1_supported()); matmul
+// then runs on the checkpoint's layout.
 std::unique_ptr<InterleavedWeights> make_interleaved(const WeightMatrix& w);
 
 // y = x · Wᵀ as matmul() defines it: x (n, cols), y (n, rows).
 // REQUIRES: interleaved_weights_supported().
 void interleaved_matmul(const InterleavedWeights& w, const float* x, float* y, int64_t n, ThreadPool* pool);
 
-// Several matrices with the same cols (any mix of Q8_0 and Q4_0) over one x
+// Several matrices with the same cols (any mix of Q8_0, Q4_0, Q4_1) over one x
 // (Q, K and V; gate and up): x is quantized once and one parallel_for splits
 // all their rows. ys[i] receives (n, ws[i]->rows).
 void interleaved_matmul_many(const InterleavedWeights* const* ws, float* const* ys, int count, const float* x,

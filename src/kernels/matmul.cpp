@@ -13,6 +13,9 @@
 //   sum (q + off) * x = sum q * x + off * sum x.
 // The correction off * sum x depends only on the token, so it is computed once
 // per token and block pair (one extra vpdpbusd) and seeds every row's sum.
+//
+// Q4_1 has one plain scalar kernel here: it only runs in tests (see
+// ScalarQuantKernel).
 #include "kernels/matmul.h"
 
 #include "util/simd.h"
@@ -35,12 +38,23 @@ namespace {
 // vectors live in registers; -O2 alone keeps them on the stack.
 #define KVSERVE_UNROLL _Pragma("GCC unroll 8")
 
+// GCC 12.2 with -march=native on a VNNI machine (AVX-VNNI or AVX512-VNNI)
+// vectorises a signed int8 x int8 dot-product loop into vpdpbusd, which is
+// unsigned x signed, and so computes wrong sums. Keep the vectoriser off the
+// scalar integer kernels.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVSERVE_NO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
+#else
+#define KVSERVE_NO_VECTORIZE
+#endif
+
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;
 constexpr int64_t kTokenChunk = 64;
 constexpr int64_t kRowGrain = 32;  // chunks are multiples of it; a multiple of kTileRows
 constexpr int64_t kQ8BlockBytes = 34;
 constexpr int64_t kQ4BlockBytes = 18;
+constexpr int64_t kQ4_1BlockBytes = 20;
 
 struct MatmulArgs {
   const WeightMatrix* w;
@@ -184,7 +198,50 @@ struct FloatKernel {
 
 #endif
 
-// ---- Q8_0 / Q4_0 weights against Q8 activations. ----
+// ---- Q8_0 / Q4_0 / Q4_1 weights against Q8 activations. ----
+
+// The plain scalar kernel, over Q's accessors: quant(row, b, j) (the code
+// value j of block b multiplies), scale(row, b), and where Q::kMin,
+// min(row, b), which adds min dx sum qx per block. Portable builds run
+// Q8_0 and Q4_0 on it; every build runs Q4_1 on it, but only in tests:
+// loaders make Q4_1 matrices only where native_q4_1_supported() and
+// interleaved copies are made, and every Q4_1 projection then runs from
+// its copy.
+template <class Q>
+struct ScalarQuantKernel {
+  template <int R, int T>
+  KVSERVE_NO_VECTORIZE static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = a.w->row(r0 + r);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xq = a.qx->row_qs(t0 + t);
+        const float* xd = a.qx->row_d(t0 + t);
+        float sum = 0.0f;
+        for (int64_t b = 0; b < a.qx->blocks; ++b) {
+          int32_t isum = 0, xsum = 0;
+          for (int j = 0; j < 32; ++j) {
+            isum += Q::quant(wr, b, j) * int(xq[b * 32 + j]);
+            if constexpr (Q::kMin) xsum += int(xq[b * 32 + j]);
+          }
+          sum += Q::scale(wr, b) * xd[b] * float(isum);
+          if constexpr (Q::kMin) sum += Q::min(wr, b) * xd[b] * float(xsum);
+        }
+        a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
+      }
+    }
+  }
+};
+
+// Q4_1: the raw nibble (Q4_0's order), x = d q + m.
+struct Q4_1Weights {
+  static constexpr bool kMin = true;
+  static int quant(const uint8_t* row, int64_t b, int j) {
+    const uint8_t q = row[b * kQ4_1BlockBytes + 4 + (j & 15)];
+    return j < 16 ? q & 0x0F : q >> 4;
+  }
+  static float scale(const uint8_t* row, int64_t b) { return load_fp16(row + b * kQ4_1BlockBytes); }
+  static float min(const uint8_t* row, int64_t b) { return load_fp16(row + b * kQ4_1BlockBytes + 2); }
+};
 
 #if defined(KVSERVE_MATMUL_VNNI)
 
@@ -309,6 +366,7 @@ struct QuantKernel {
 #else  // portable
 
 struct Q8Weights {
+  static constexpr bool kMin = false;
   static int quant(const uint8_t* row, int64_t b, int j) {
     return int8_t(row[b * kQ8BlockBytes + 2 + j]);
   }
@@ -316,21 +374,13 @@ struct Q8Weights {
 };
 
 struct Q4Weights {
+  static constexpr bool kMin = false;
   static int quant(const uint8_t* row, int64_t b, int j) {
     const uint8_t q = row[b * kQ4BlockBytes + 2 + (j & 15)];
     return int(j < 16 ? q & 0x0F : q >> 4) - 8;
   }
   static float scale(const uint8_t* row, int64_t b) { return load_fp16(row + b * kQ4BlockBytes); }
 };
-
-// GCC 12.2 with -march=native on a VNNI machine (AVX-VNNI or AVX512-VNNI)
-// vectorises a signed int8 x int8 dot-product loop into vpdpbusd, which is
-// unsigned x signed, and so computes wrong sums. Keep the vectoriser off it.
-#if defined(__GNUC__) && !defined(__clang__)
-#define KVSERVE_NO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
-#else
-#define KVSERVE_NO_VECTORIZE
-#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 
@@ -385,28 +435,9 @@ struct QuantKernel {
 #else
 
 template <class Q>
-struct QuantKernel {
-  template <int R, int T>
-  KVSERVE_NO_VECTORIZE static void tile(const MatmulArgs& a, int64_t r0, int64_t t0) {
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = a.w->row(r0 + r);
-      for (int t = 0; t < T; ++t) {
-        const int8_t* xq = a.qx->row_qs(t0 + t);
-        const float* xd = a.qx->row_d(t0 + t);
-        float sum = 0.0f;
-        for (int64_t b = 0; b < a.qx->blocks; ++b) {
-          int32_t isum = 0;
-          for (int j = 0; j < 32; ++j) isum += Q::quant(wr, b, j) * int(xq[b * 32 + j]);
-          sum += Q::scale(wr, b) * xd[b] * float(isum);
-        }
-        a.y[(t0 + t) * a.w->rows + r0 + r] = sum;
-      }
-    }
-  }
-};
+using QuantKernel = ScalarQuantKernel<Q>;
 
 #endif  // AVX2
-#undef KVSERVE_NO_VECTORIZE
 #endif
 
 // ---- Driver. ----
@@ -479,14 +510,17 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n, ThreadPo
     case WeightType::F32: run<FloatKernel<float>>(a, pool); return;
     case WeightType::F16: run<FloatKernel<fp16_t>>(a, pool); return;
     case WeightType::Q8_0:
-    case WeightType::Q4_0: {
+    case WeightType::Q4_0:
+    case WeightType::Q4_1: {
       QuantizedRows& qx = activation_scratch();
       quantize_rows_q8(x, n, w.cols, pool, qx);
       a.qx = &qx;
       if (w.type == WeightType::Q8_0) {
         run<QuantKernel<Q8Weights>>(a, pool);
-      } else {
+      } else if (w.type == WeightType::Q4_0) {
         run<QuantKernel<Q4Weights>>(a, pool);
+      } else {
+        run<ScalarQuantKernel<Q4_1Weights>>(a, pool);
       }
       return;
     }
@@ -528,3 +562,4 @@ void matmul_reference(const WeightMatrix& w, const float* x, float* y, int64_t n
 }  // namespace kvserve
 
 #undef KVSERVE_UNROLL
+#undef KVSERVE_NO_VECTORIZE

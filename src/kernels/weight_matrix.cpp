@@ -11,6 +11,7 @@ namespace {
 
 constexpr size_t kQ8BlockBytes = 34;  // fp16 d + int8 qs[32]
 constexpr size_t kQ4BlockBytes = 18;  // fp16 d + uint8 qs[16]
+constexpr size_t kQ4_1BlockBytes = 20;  // fp16 d + fp16 m + uint8 qs[16]
 
 float load_fp16(const uint8_t* p) {
   fp16_t h;
@@ -26,6 +27,7 @@ std::string_view weight_type_name(WeightType t) {
     case WeightType::F16: return "F16";
     case WeightType::Q8_0: return "Q8_0";
     case WeightType::Q4_0: return "Q4_0";
+    case WeightType::Q4_1: return "Q4_1";
   }
   return "unknown";
 }
@@ -40,6 +42,9 @@ size_t weight_row_bytes(WeightType t, int64_t cols) {
     case WeightType::Q4_0:
       assert(cols % kQuantBlock == 0);
       return kQ4BlockBytes * size_t(cols / kQuantBlock);
+    case WeightType::Q4_1:
+      assert(cols % kQuantBlock == 0);
+      return kQ4_1BlockBytes * size_t(cols / kQuantBlock);
   }
   return 0;
 }
@@ -71,6 +76,18 @@ void dequantize_row(const WeightMatrix& w, int64_t r, float* out) {
         for (int j = 0; j < kQuantBlock / 2; ++j) {
           o[j] = d * float(int(qs[j] & 0x0F) - 8);
           o[j + kQuantBlock / 2] = d * float(int(qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    case WeightType::Q4_1:
+      for (int64_t b = 0; b < cols / kQuantBlock; ++b) {
+        const uint8_t* block = row + b * kQ4_1BlockBytes;
+        const float d = load_fp16(block), m = load_fp16(block + 2);
+        const uint8_t* qs = block + 4;
+        float* o = out + b * kQuantBlock;
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          o[j] = d * float(qs[j] & 0x0F) + m;
+          o[j + kQuantBlock / 2] = d * float(qs[j] >> 4) + m;
         }
       }
       return;

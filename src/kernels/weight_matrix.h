@@ -15,15 +15,17 @@ enum class WeightType : uint8_t {
   Q8_0,  // blocks of 32: fp16 scale d, int8 q[32]; x = d * q          (34 bytes)
   Q4_0,  // blocks of 32: fp16 scale d, uint8 qs[16]; x = d * (nib - 8) (18 bytes)
          // element j < 16 is the low nibble of qs[j], element j + 16 the high one
+  Q4_1,  // blocks of 32: fp16 scale d, fp16 min m, uint8 qs[16] as Q4_0's;
+         // x = d * nib + m (20 bytes; ggml's Q4_1 block, byte for byte)
 };
 
-constexpr int kQuantBlock = 32;  // values per Q8_0 / Q4_0 block
+constexpr int kQuantBlock = 32;  // values per Q8_0 / Q4_0 / Q4_1 block
 
 struct InterleavedWeights;
 
 std::string_view weight_type_name(WeightType t);
 
-// Bytes of one row of `cols` values. REQUIRES: cols % 32 == 0 for Q8_0/Q4_0.
+// Bytes of one row of `cols` values. REQUIRES: cols % 32 == 0 for Q8_0/Q4_0/Q4_1.
 size_t weight_row_bytes(WeightType t, int64_t cols);
 
 struct WeightMatrix {
@@ -32,7 +34,7 @@ struct WeightMatrix {
                                // interleaved copy is kept (a tensor converted at load)
   int64_t rows = 0;            // output features
   int64_t cols = 0;            // input features
-  // Optional copy of a Q8_0 matrix laid out for the batched VNNI kernel
+  // Optional copy of a Q8_0/Q4_0/Q4_1 matrix laid out for the batched kernels
   // (kernels/interleaved_weights.h); matmul uses it when set. Owned elsewhere.
   const InterleavedWeights* interleaved = nullptr;
 

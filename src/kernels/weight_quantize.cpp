@@ -45,6 +45,20 @@ void quantize_row(WeightType t, const float* x, int64_t cols, std::vector<uint8_
         for (int j = 0; j < kQuantBlock / 2; ++j) append(out, uint8_t(q(j) | (q(j + 16) << 4)));
       }
       return;
+    case WeightType::Q4_1:
+      for (int64_t b = 0; b < cols; b += kQuantBlock) {
+        const auto [lo, hi] = std::minmax_element(x + b, x + b + kQuantBlock);
+        // The codes are chosen against the scale and min as stored.
+        const fp16_t d16 = fp32_to_fp16((*hi - *lo) / 15.0f), m16 = fp32_to_fp16(*lo);
+        const float d = fp16_to_fp32(d16), m = fp16_to_fp32(m16);
+        append(out, d16);
+        append(out, m16);
+        auto q = [&](int j) {
+          return d == 0 ? uint8_t(0) : uint8_t(std::clamp<long>(std::lround((x[b + j] - m) / d), 0, 15));
+        };
+        for (int j = 0; j < kQuantBlock / 2; ++j) append(out, uint8_t(q(j) | (q(j + 16) << 4)));
+      }
+      return;
   }
 }
 

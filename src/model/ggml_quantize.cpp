@@ -167,6 +167,7 @@ GgmlType ggml_type_of(WeightType t) {
     case WeightType::F16: return GgmlType::F16;
     case WeightType::Q8_0: return GgmlType::Q8_0;
     case WeightType::Q4_0: return GgmlType::Q4_0;
+    case WeightType::Q4_1: return GgmlType::Q4_1;  // the same block layout
   }
   return GgmlType::F32;
 }
