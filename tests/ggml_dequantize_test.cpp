@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/weight_matrix.h"
+#include "kernels/weight_quantize.h"
 #include "model/ggml_quantize.h"
 #include "util/half.h"
 
@@ -159,18 +161,23 @@ TEST(GgmlDequantize, BlockSizesAndNames) {
     EXPECT_EQ(ggml_block(uint32_t(c.t)).values, c.values) << c.name;
     EXPECT_EQ(ggml_block(uint32_t(c.t)).bytes, c.bytes) << c.name;
     EXPECT_EQ(ggml_type_name(uint32_t(c.t)), c.name);
-    EXPECT_TRUE(ggml_load_type(uint32_t(c.t)).has_value()) << c.name;
+    for (bool native_q4_1 : {false, true}) EXPECT_TRUE(ggml_load_type(uint32_t(c.t), native_q4_1).has_value()) << c.name;
   }
   for (GgmlType t : kConverted) {
     EXPECT_TRUE(ggml_needs_conversion(uint32_t(t)));
-    EXPECT_EQ(*ggml_load_type(uint32_t(t)), t == GgmlType::BF16 ? WeightType::F32 : WeightType::Q8_0);
+    EXPECT_EQ(*ggml_load_type(uint32_t(t), false), t == GgmlType::BF16 ? WeightType::F32 : WeightType::Q8_0);
+    // Natively, the 4-bit types with a min and one scale per 32 values stay 4-bit.
+    const bool q4_1 = t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+    EXPECT_EQ(*ggml_load_type(uint32_t(t), true),
+              t == GgmlType::BF16 ? WeightType::F32 : q4_1 ? WeightType::Q4_1 : WeightType::Q8_0);
   }
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
     EXPECT_FALSE(ggml_needs_conversion(uint32_t(t)));
   // Types kvserve cannot read: no size, no load type, a name for messages.
   for (uint32_t t : {9u, 15u, 16u, 23u, 29u, 34u, 39u, 4u, 1000u}) {
     EXPECT_EQ(ggml_block(t).values, 0) << t;
-    EXPECT_FALSE(ggml_load_type(t)) << t;
+    EXPECT_FALSE(ggml_load_type(t, false)) << t;
+    EXPECT_FALSE(ggml_load_type(t, true)) << t;
   }
   EXPECT_EQ(ggml_type_label(16), "IQ2_XXS (ggml type 16)");
   EXPECT_EQ(ggml_type_label(9), "Q8_1 (ggml type 9)");
@@ -384,6 +391,78 @@ TEST(GgmlQuantize, EncodersRoundTripWithinTheirResolution) {
     }
     EXPECT_LT(std::sqrt(num / den), bound);
     for (size_t i = 512; i < 544; ++i) EXPECT_NEAR(y[i], 0.0f, 1e-3f) << i;
+  }
+}
+
+// ---- repacking into the computed Q4_1 (kernels/weight_matrix.h) ----
+
+// Q4_1 in a file is the computed Q4_1's block: copied as is, and what
+// quantize_row writes for Q4_1 is what quantize_ggml_row writes.
+TEST(GgmlRepackQ4_1, Q4_1IsCopiedByteForByte) {
+  std::mt19937 rng(17);
+  std::vector<uint8_t> file(5 * 20);
+  for (auto& b : file) b = uint8_t(rng());
+  std::vector<uint8_t> out(file.size());
+  repack_ggml_row_q4_1(GgmlType::Q4_1, file.data(), 5 * 32, out.data());
+  EXPECT_EQ(out, file);
+
+  std::uniform_real_distribution<float> u(-0.3f, 0.2f);
+  std::vector<float> x(4 * 32);
+  for (auto& v : x) v = u(rng);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.125f);  // max = min: d = 0
+  std::vector<uint8_t> computed, ggml;
+  quantize_row(WeightType::Q4_1, x.data(), int64_t(x.size()), computed);
+  quantize_ggml_row(GgmlType::Q4_1, x.data(), int64_t(x.size()), ggml);
+  EXPECT_EQ(computed, ggml);
+  std::vector<float> y(x.size());
+  dequantize_row(WeightMatrix{WeightType::Q4_1, computed.data(), 1, int64_t(x.size())}, 0, y.data());
+  EXPECT_EQ(y, decode(GgmlType::Q4_1, ggml));
+}
+
+// A Q4_K super-block becomes eight Q4_1 blocks of the same codes with
+// d = fp16(d_super sc) and m = fp16(-dmin min). Where those products are
+// fp16 numbers (the hand-built block) the values are exact; otherwise each
+// value d sc q - dmin min differs by the two roundings, at most 2^-11
+// relative each (|d sc| q + |dmin min|), or 2^-25 absolute each below
+// fp16's normal range, plus one float rounding of either side (2^-24 relative).
+TEST(GgmlRepackQ4_1, Q4_KSubBlocksBecomeQ4_1Blocks) {
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  constexpr int kBlocks = 6;
+  std::vector<uint8_t> bytes(kBlocks * 144);
+  for (auto& b : bytes) b = uint8_t(rng());
+  for (int i = 0; i < kBlocks; ++i) {
+    std::vector<uint8_t> b(bytes.begin() + i * 144, bytes.begin() + (i + 1) * 144);
+    if (i == 0) {  // exact: the hand-built block's scales and mins are fp16 numbers
+      const int scale[8] = {1, 17, 33, 63, 5, 21, 37, 62}, min[8] = {0, 9, 63, 31, 48, 16, 7, 40};
+      set_half(b, 0, 0.0625f);
+      set_half(b, 2, 0.5f);
+      for (int j = 0; j < 8; ++j) set_k4(b, 4, j, uint32_t(scale[j]), uint32_t(min[j]));
+    } else {
+      // Finite scales; block 1 below fp16's normal range after the product.
+      const float tiny = i == 1 ? 1e-6f : 1.0f;
+      set_half(b, 0, u(rng) * tiny);
+      set_half(b, 2, u(rng) * tiny);
+    }
+    std::copy(b.begin(), b.end(), bytes.begin() + i * 144);
+  }
+  const int64_t n = kBlocks * 256;
+  std::vector<uint8_t> q4_1(size_t(n / 32 * 20));
+  repack_ggml_row_q4_1(GgmlType::Q4_K, bytes.data(), n, q4_1.data());
+  std::vector<float> got(static_cast<size_t>(n));
+  dequantize_row(WeightMatrix{WeightType::Q4_1, q4_1.data(), 1, n}, 0, got.data());
+  const std::vector<float> want = decode(GgmlType::Q4_K, bytes);
+  for (int i = 0; i < kBlocks; ++i) {
+    const std::vector<uint8_t> b(bytes.begin() + i * 144, bytes.begin() + (i + 1) * 144);
+    for (int v = 0; v < 256; ++v) {
+      const int j = v / 32, q = int(get_bits(b, 8 * (16 + 32 * (v / 64) + v % 32) + 4 * (j % 2), 4));
+      const double scaled = std::fabs(double(half_at(b, 0)) * k4_scale(b, 4, j)) * q,
+                   shift = std::fabs(double(half_at(b, 2)) * k4_min(b, 4, j));
+      const double bound =
+          i == 0 ? 0.0 : (std::ldexp(1.0, -11) + std::ldexp(1.0, -23)) * (scaled + shift) + std::ldexp(1.0, -25) * (q + 1);
+      const size_t at = size_t(i * 256 + v);
+      ASSERT_LE(std::fabs(double(got[at]) - want[at]), bound) << "block " << i << " value " << v;
+    }
   }
 }
 

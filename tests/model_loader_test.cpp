@@ -17,6 +17,7 @@
 #include "model/ggml_quantize.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
+#include "util/half.h"
 #include "test_support.h"
 
 namespace kvserve {
@@ -348,9 +349,10 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
   }
 }
 
-// Every type converted at load: the matrices become Q8_0 (F32 for BF16),
-// hold what the file's rows decode to, are listed by conversions(), and get
-// the interleaved treatment native Q8_0 gets (their row-major copy freed).
+// Every type converted at load: the matrices become Q8_0 (F32 for BF16;
+// Q4_1 for Q4_1 and Q4_K where the build runs Q4_1 natively), hold what the
+// file's rows decode to, are listed by conversions(), and get the
+// interleaved treatment native Q8_0 gets (their row-major copy freed).
 TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
   for (GgmlType t : {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,
                      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
@@ -368,7 +370,8 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
     const std::string path = temp_path("synth_" + type_name + ".gguf");
     write_synthetic_gguf(path, o);
     auto m = Model::load(path);
-    const WeightType to = t == GgmlType::BF16 ? WeightType::F32 : WeightType::Q8_0;
+    const bool q4_1 = (t == GgmlType::Q4_1 || t == GgmlType::Q4_K) && native_q4_1_supported();
+    const WeightType to = t == GgmlType::BF16 ? WeightType::F32 : q4_1 ? WeightType::Q4_1 : WeightType::Q8_0;
     const std::vector<TensorConversion> conv = m->conversions();
     ASSERT_EQ(conv.size(), 2u + 7u * 2u);
     EXPECT_EQ(conv[0].name, "token_embd.weight");
@@ -379,7 +382,7 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
       EXPECT_EQ(c.to, to) << c.name;
     }
     const Weights& w = m->weights();
-    const bool interleaved = to == WeightType::Q8_0 && interleaved_weights_supported();
+    const bool interleaved = to != WeightType::F32 && interleaved_weights_supported();
     EXPECT_EQ(w.token_embedding.type, to);
     EXPECT_NE(w.token_embedding.data, nullptr);  // lookups read it
     EXPECT_EQ(w.token_embedding.interleaved, nullptr);
@@ -391,12 +394,14 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
         EXPECT_EQ(x->data == nullptr, interleaved);  // only the interleaved copy is kept
       }
     EXPECT_EQ(w.bytes(), (2 * 40 * 256 + 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 256 * 512)) *
-                                 (to == WeightType::F32 ? size_t(4) : size_t(34)) / (to == WeightType::F32 ? 1 : 32) +
+                                 weight_row_bytes(to, 32) / 32 +
                              5 * 256 * sizeof(float));
 
     // The embedding's rows are the file's rows decoded (exactly for BF16),
     // re-encoded: within half a Q8_0 step d = amax / 127, plus the fp16
-    // rounding of d times codes up to 127 (127 * 2^-11 d).
+    // rounding of d times codes up to 127 (127 * 2^-11 d). Q4_1 is copied
+    // (exact); Q4_K's sub-block scales and mins rounded to fp16: 2^-11 of
+    // 15 |d| + |m| (ggml_dequantize.h), measured on the stored d and m.
     GgufFile f(path);
     const GgufTensorInfo& emb = *f.find_tensor("token_embd.weight");
     const size_t src_row = emb.bytes / 40;
@@ -407,7 +412,17 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
       for (int b = 0; b < 256; b += 32) {
         float amax = 0;
         for (int i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(want[size_t(i)]));
-        const float tol = to == WeightType::F32 ? 0.0f : amax / 127.0f * (0.5f + 127.0f / 2048.0f) + 1e-7f;
+        float tol = to == WeightType::F32 ? 0.0f : amax / 127.0f * (0.5f + 127.0f / 2048.0f) + 1e-7f;
+        if (to == WeightType::Q4_1) {
+          const uint8_t* block = w.token_embedding.row(r) + b / 32 * 20;
+          fp16_t d, mn;
+          std::memcpy(&d, block, 2);
+          std::memcpy(&mn, block + 2, 2);
+          tol = t == GgmlType::Q4_1
+                    ? 0.0f
+                    : (15.0f * std::fabs(fp16_to_fp32(d)) + std::fabs(fp16_to_fp32(mn))) * (1.0f / 2048.0f) * 1.001f +
+                          1e-7f;
+        }
         for (int i = b; i < b + 32; ++i) ASSERT_NEAR(got[size_t(i)], want[size_t(i)], tol) << "row " << r << " value " << i;
       }
     }
@@ -481,7 +496,7 @@ TEST(ModelLoader, ConvertedEmbeddingIsSharedWithTheClassifier) {
   g.write(path);
   auto m = Model::load(path);
   const Weights& w = m->weights();
-  EXPECT_EQ(w.token_embedding.type, WeightType::Q8_0);
+  EXPECT_EQ(w.token_embedding.type, native_q4_1_supported() ? WeightType::Q4_1 : WeightType::Q8_0);
   EXPECT_EQ(w.classifier.data, w.token_embedding.data);
   EXPECT_NE(w.token_embedding.data, nullptr);
   EXPECT_EQ(m->conversions().size(), 1u + 7u);  // the embedding once

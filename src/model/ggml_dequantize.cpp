@@ -194,7 +194,7 @@ const char* ggml_readable_types() {
   return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
 }
 
-std::optional<WeightType> ggml_load_type(uint32_t type) {
+std::optional<WeightType> ggml_load_type(uint32_t type, bool native_q4_1) {
   switch (GgmlType(type)) {
     case GgmlType::F32: return WeightType::F32;
     case GgmlType::F16: return WeightType::F16;
@@ -202,11 +202,11 @@ std::optional<WeightType> ggml_load_type(uint32_t type) {
     case GgmlType::Q4_0: return WeightType::Q4_0;
     case GgmlType::BF16: return WeightType::F32;
     case GgmlType::Q4_1:
+    case GgmlType::Q4_K: return native_q4_1 ? WeightType::Q4_1 : WeightType::Q8_0;
     case GgmlType::Q5_0:
     case GgmlType::Q5_1:
     case GgmlType::Q2_K:
     case GgmlType::Q3_K:
-    case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K: return WeightType::Q8_0;
   }
@@ -219,7 +219,7 @@ bool ggml_needs_conversion(uint32_t type) {
     case GgmlType::F16:
     case GgmlType::Q8_0:
     case GgmlType::Q4_0: return false;
-    default: return ggml_load_type(type).has_value();
+    default: return ggml_load_type(type, false).has_value();
   }
 }
 
@@ -260,6 +260,32 @@ void dequantize_ggml_row(GgmlType t, const uint8_t* src, int64_t n, float* out) 
       case GgmlType::Q5_K: q45_k_block(b, b + 16, b + 48, y); break;
       case GgmlType::Q6_K: q6_k_block(b, y); break;
     }
+  }
+}
+
+void repack_ggml_row_q4_1(GgmlType t, const uint8_t* src, int64_t n, uint8_t* out) {
+  constexpr int64_t kBlockBytes = 20;  // WeightType::Q4_1: d, m, qs[16]
+  if (t == GgmlType::Q4_1) {  // the same block, byte for byte
+    std::memcpy(out, src, size_t(n / 32 * kBlockBytes));
+    return;
+  }
+  for (int64_t i = 0; i < n / kSuperBlock; ++i) {
+    const uint8_t* b = src + i * 144;
+    const float d = fp16_at(b), dmin = fp16_at(b + 2);
+    const uint8_t* qs = b + 16;
+    // Sub-block 2g + nibble holds value l < 32 in that nibble of qs[32g + l];
+    // Q4_1 wants value j < 16 in the low nibble of byte j, j + 16 in the high.
+    for (int g = 0; g < 4; ++g)
+      for (int nibble = 0; nibble < 2; ++nibble) {
+        int scale, min;
+        scale_min_k4(b + 4, 2 * g + nibble, scale, min);
+        uint8_t* o = out + (i * 8 + 2 * g + nibble) * kBlockBytes;
+        const fp16_t dh = fp32_to_fp16(d * float(scale)), mh = fp32_to_fp16(-dmin * float(min));
+        std::memcpy(o, &dh, sizeof dh);
+        std::memcpy(o + 2, &mh, sizeof mh);
+        auto q = [&](int l) { return (qs[32 * g + l] >> (4 * nibble)) & 0xF; };
+        for (int j = 0; j < 16; ++j) o[4 + j] = uint8_t(q(j) | q(j + 16) << 4);
+      }
   }
 }
 

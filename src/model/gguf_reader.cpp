@@ -330,7 +330,7 @@ const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
 const GgufTensorInfo& GgufFile::matrix_tensor(const std::string& name, int64_t rows, int64_t cols) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) fail("{}: missing tensor '{}'", path(), name);
-  if (!ggml_load_type(t->ggml_type))
+  if (!ggml_load_type(t->ggml_type, false))
     fail("{}: tensor '{}' has unsupported type {} (kvserve reads {})", path(), name, ggml_type_label(t->ggml_type),
          ggml_readable_types());
   if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {

@@ -55,15 +55,37 @@ void check_head_counts(const GgufFile& f, const ModelConfig& c) {
        c.n_kv_heads, kv_named ? "" : " (absent: head_count)");
 }
 
+// Whether Model::load makes interleaved copies (Model::interleave_weights):
+// the build has the kernel and KVSERVE_INTERLEAVE_WEIGHTS is not "0".
+bool interleaving_enabled() {
+  const char* env = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
+  return interleaved_weights_supported() && !(env != nullptr && std::string_view(env) == "0");
+}
+
+// Whether Q4_1 and Q4_K tensors load as Q4_1 (else as Q8_0): where its
+// interleaved kernel exists and copies are made. Anywhere else a Q4_1 matrix
+// would run on matmul's scalar row-major kernel, or, on the AVX-512 VNNI
+// build, on no kernel that could be tested where it was written
+// (native_q4_1_supported explains).
+bool load_q4_1_natively() { return native_q4_1_supported() && interleaving_enabled(); }
+
 // Decodes the rows of tensor t, a (rows, cols) matrix of a type converted at
 // load, and re-encodes each as `to` into out (rows * weight_row_bytes(to, cols)
-// bytes). The reader checked that t's bytes lie in the file and match its
-// shape and type, so every row read below is inside them.
+// bytes); Q4_1 and Q4_K rows become Q4_1 without decoding. The reader checked
+// that t's bytes lie in the file and match its shape and type, so every row
+// read below is inside them.
 void convert_rows(const GgufTensorInfo& t, int64_t rows, int64_t cols, WeightType to, uint8_t* out,
                   ThreadPool& pool) {
   const GgmlBlock block = ggml_block(t.ggml_type);
   const size_t src_row = size_t(cols / block.values * block.bytes);
   const size_t dst_row = weight_row_bytes(to, cols);
+  if (to == WeightType::Q4_1) {
+    pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r)
+        repack_ggml_row_q4_1(GgmlType(t.ggml_type), t.data + size_t(r) * src_row, cols, out + size_t(r) * dst_row);
+    });
+    return;
+  }
   pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
     std::vector<float> x(static_cast<size_t>(cols));  // one decoded row
     std::vector<uint8_t> encoded;
@@ -153,7 +175,7 @@ void Model::load_gguf_matrix(const std::string& name, int64_t rows, int64_t cols
     return;
   }
   auto c = std::make_unique<Conversion>();
-  c->info = {name, t.ggml_type, *ggml_load_type(t.ggml_type)};
+  c->info = {name, t.ggml_type, *ggml_load_type(t.ggml_type, load_q4_1_natively())};
   c->source = t.data;
   c->source_bytes = size_t(t.bytes);
   c->buffer.resize(weight_row_bytes(c->info.to, cols) * size_t(rows));
@@ -200,11 +222,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
 }
 
 void Model::interleave_weights() {
-  const char* env = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
-  if (!interleaved_weights_supported() || (env != nullptr && std::string_view(env) == "0")) return;
+  if (!interleaving_enabled()) return;
   std::vector<WeightMatrix*> todo;  // the block-quantized ones: no threads for a float model
   auto consider = [&](WeightMatrix* w) {
-    if (w->type == WeightType::Q8_0 || w->type == WeightType::Q4_0) todo.push_back(w);
+    if (w->type == WeightType::Q8_0 || w->type == WeightType::Q4_0 || w->type == WeightType::Q4_1)
+      todo.push_back(w);
   };
   for (LayerWeights& l : weights_.layers)
     for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up}) consider(w);

@@ -42,9 +42,10 @@ struct Weights {
 
 enum class CheckpointFormat { Gguf, Llama2c };
 
-// A GGUF tensor stored in a type kvserve does not compute with (the K-quants,
-// Q4_1, Q5_0, Q5_1, BF16), converted at load: decoded row by row and
-// re-encoded as `to` (Q8_0; F32 for BF16, exactly).
+// A GGUF tensor stored in a type kvserve does not compute with in place (the
+// K-quants, Q4_1, Q5_0, Q5_1, BF16), converted at load: decoded row by row
+// and re-encoded as `to` (Q8_0; F32 for BF16, exactly), or, where Q4_1 runs
+// natively (Model::load), Q4_1 and Q4_K repacked as Q4_1 without decoding.
 struct TensorConversion {
   std::string name;       // the GGUF tensor name
   uint32_t from = 0;      // its ggml type in the file
@@ -101,7 +102,7 @@ class Model {
                         std::unique_ptr<ThreadPool>& pool);
   // The conversion whose buffer w is (or was) read from; null for weights read in place.
   Conversion* conversion_of(const WeightMatrix& w) const;
-  // Gives every Q8_0/Q4_0 projection its interleaved copy for the batched
+  // Gives every Q8_0/Q4_0/Q4_1 projection its interleaved copy for the batched
   // kernel (kernels/interleaved_weights.h) and releases the mapped pages it
   // copied, or frees the converted buffer it copied (its matrix's data is
   // then null: matmul reads only the copy).

@@ -151,8 +151,14 @@ set(Q4K_MODEL ${CMAKE_BINARY_DIR}/cli_synth_q4_k.gguf)
 add_test(NAME cli.synth_q4_k COMMAND kvserve synth --out ${Q4K_MODEL} --dim 256 --layers 1 --heads 4 --kv-heads 2
   --ffn 256 --vocab 64 --ctx 64 --weights q4_k)
 set_tests_properties(cli.synth_q4_k PROPERTIES FIXTURES_SETUP q4k_model)
+# Q4_K becomes Q4_1 where the build runs Q4_1 natively (the AVX2 interleaved
+# kernel), Q8_0 elsewhere and always without interleaved copies.
 add_test(NAME cli.inspect_names_converted_types COMMAND kvserve inspect --model ${Q4K_MODEL} --json)
 set_tests_properties(cli.inspect_names_converted_types PROPERTIES FIXTURES_REQUIRED q4k_model
+  PASS_REGULAR_EXPRESSION "\"converted_tensors\":9,\"converted_types\":\\{\"Q4_K\":\"Q(4_1|8_0)\"\\}")
+add_test(NAME cli.inspect_converted_types_without_interleaving COMMAND kvserve inspect --model ${Q4K_MODEL} --json)
+set_tests_properties(cli.inspect_converted_types_without_interleaving PROPERTIES FIXTURES_REQUIRED q4k_model
+  ENVIRONMENT KVSERVE_INTERLEAVE_WEIGHTS=0
   PASS_REGULAR_EXPRESSION "\"converted_tensors\":9,\"converted_types\":\\{\"Q4_K\":\"Q8_0\"\\}")
 add_test(NAME cli.generate_converted_q4_k COMMAND kvserve generate --model ${Q4K_MODEL} --prompt x --max-tokens 8
   --temperature 0)
