@@ -58,13 +58,14 @@ static_assert(kTileTokens % kCallTokens == 0, "a kernel call stays within one ac
 #define KVSERVE_UNROLL _Pragma("GCC unroll 16")
 
 // Activations for the kernel, in tiles of 16 tokens so that a tile's block b
-// is one contiguous run: (tiles, blocks, 16 tokens) of 32 quants, a scale and
-// sum q.
+// is one contiguous run: (tiles, blocks, 16 tokens) of 32 quants, a scale,
+// sum q, and d sum q (Q4_1's min term, so its kernel need not form it per row group).
 struct ActivationTiles {
   int64_t n = 0, blocks = 0;
   AlignedBuffer<int8_t> qs;
   AlignedBuffer<float> d;
   AlignedBuffer<int32_t> sum;
+  AlignedBuffer<float> dsum;
 
   size_t slot(int64_t t, int64_t b) const {
     return size_t(((t / kTileTokens) * blocks + b) * kTileTokens + t % kTileTokens);
@@ -88,6 +89,7 @@ void quantize_tiles(const float* x, int64_t n, int64_t cols, ThreadPool* pool, A
     out.qs.resize(slots * kBlockValues);
     out.d.resize(slots);
     out.sum.resize(slots);
+    out.dsum.resize(slots);
   }
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
@@ -96,6 +98,7 @@ void quantize_tiles(const float* x, int64_t n, int64_t cols, ThreadPool* pool, A
         int8_t* q = out.qs.data() + s * kBlockValues;
         quantize_block_q8(x + t * cols + b * kBlockValues, q, out.d.data() + s);
         out.sum[s] = block_sum(q);
+        out.dsum[s] = out.d[s] * float(out.sum[s]);
       }
     }
   };
@@ -129,6 +132,7 @@ struct BlockCursor {
   const int8_t* xq;
   const float* xd;
   const int32_t* xs;
+  const float* xds = nullptr;  // B::kMin only
 
   BlockCursor(const InterleavedWeights& w, const ActivationTiles& a, int64_t g, int64_t t0) {
     const size_t first = a.slot(t0, 0);
@@ -138,6 +142,7 @@ struct BlockCursor {
     xq = a.qs.data() + first * kBlockValues;
     xd = a.d.data() + first;
     xs = a.sum.data() + first;
+    if constexpr (B::kMin) xds = a.dsum.data() + first;
   }
   void next() {
     wq += B::kBytes;
@@ -146,6 +151,7 @@ struct BlockCursor {
     xq += kTileTokens * kBlockValues;
     xd += kTileTokens;
     xs += kTileTokens;
+    if constexpr (B::kMin) xds += kTileTokens;
   }
 };
 
@@ -351,7 +357,7 @@ void group_tile(const InterleavedWeights& w, const ActivationTiles& a, int64_t g
       const __m256 mins = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(c.wm)));
       KVSERVE_UNROLL
       for (int t = 0; t < T; ++t) {
-        const __m256 min_term = _mm256_mul_ps(mins, _mm256_set1_ps(c.xd[t] * float(c.xs[t])));
+        const __m256 min_term = _mm256_mul_ps(mins, _mm256_broadcast_ss(c.xds + t));
         const __m256 block =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(scale, _mm256_set1_ps(c.xd[t])), min_term);
         out[t] = _mm256_add_ps(out[t], block);
