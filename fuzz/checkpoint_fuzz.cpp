@@ -52,6 +52,7 @@ void touch(const WeightMatrix& m) {
   }
   touch(m.interleaved->qs.data(), m.interleaved->qs.size());
   touch(m.interleaved->d.data(), m.interleaved->d.size() * sizeof(uint16_t));
+  touch(m.interleaved->m.data(), m.interleaved->m.size() * sizeof(uint16_t));  // Q4_1's mins; empty otherwise
 }
 
 void exercise_tokenizer(Vocab vocab) {
