@@ -289,6 +289,28 @@ TEST(GgmlDequantize, Q4_KAndQ5_KHandBuiltBlocks) {
   }
 }
 
+// A vector whose values llama.cpp's dequantize_row_q4_K printed, as
+// published by realizar's Q4_K parity test (PAR-001): d = 0x2E66, dmin =
+// 0x2666, sub-blocks 0 and 1 with scales 10, 20 and mins 5, 10 (bytes 0, 1
+// and 4, 5 of scales), qs[i < 32] = (i % 16) | (15 - i % 16) << 4, the rest 0.
+// Values 0-19 and 32-39 as printed (6 decimals); the rest follow.
+TEST(GgmlDequantize, Q4_KMatchesLlamaCppsPrintedValues) {
+  std::vector<uint8_t> b(144, 0);
+  b[0] = 0x66, b[1] = 0x2E, b[2] = 0x66, b[3] = 0x26;
+  b[4] = 10, b[5] = 20, b[8] = 5, b[9] = 10;
+  for (int i = 0; i < 32; ++i) b[size_t(16 + i)] = uint8_t((i % 16) | (15 - i % 16) << 4);
+  const float first[20] = {-0.124969f, 0.874786f, 1.874542f,  2.874298f,  3.874054f,  4.873810f, 5.873566f,
+                           6.873322f,  7.873077f, 8.872833f,  9.872589f,  10.872345f, 11.872101f, 12.871857f,
+                           13.871613f, 14.871368f, -0.124969f, 0.874786f, 1.874542f,  2.874298f};
+  const float at32[8] = {29.742737f, 27.743225f, 25.743713f, 23.744202f,
+                         21.744690f, 19.745178f, 17.745667f, 15.746155f};
+  const auto y = decode(GgmlType::Q4_K, b);
+  for (int v = 0; v < 20; ++v) EXPECT_NEAR(y[size_t(v)], first[v], 1e-6f * (1.0f + std::fabs(first[v]))) << v;
+  for (int v = 0; v < 8; ++v) EXPECT_NEAR(y[size_t(32 + v)], at32[v], 1e-6f * (1.0f + at32[v])) << 32 + v;
+  // Sub-blocks 2-7 have scale and min 0; their codes are 0 anyway.
+  for (int v = 64; v < 256; ++v) EXPECT_EQ(y[size_t(v)], 0.0f) << v;
+}
+
 TEST(GgmlDequantize, Q6_KHandBuiltBlock) {
   std::vector<uint8_t> b(210, 0);
   set_half(b, 208, 0.25f);
