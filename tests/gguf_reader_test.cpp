@@ -398,7 +398,7 @@ TEST(GgufReader, UnknownTensorTypeFailsOnlyWhenUsed) {
       "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)";
   expect_error_containing([&] { (void)f.matrix("iq2", 2, 256); }, message);
   expect_error_containing([&] { (void)f.matrix_tensor("iq2", 2, 256); }, message);
-  expect_error_containing([&] { (void)f.vector_f32("iq2", 512); }, "tensor 'iq2' must be F32 (type IQ2_XXS (ggml type 16))");
+  expect_error_containing([&] { (void)f.vector_f32("iq2", 512); }, "tensor 'iq2' must be F32, not IQ2_XXS (ggml type 16)");
 }
 
 // The types converted at load: their byte sizes place every tensor, and the

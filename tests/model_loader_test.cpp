@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -333,7 +334,7 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
     EXPECT_NE(w.classifier.data, w.token_embedding.data);
     // Q8_0/Q4_0 projections run from interleaved copies where the build has the kernel.
     const bool interleaved =
-        (t == WeightType::Q8_0 || t == WeightType::Q4_0) && interleaved_weights_supported();
+        (t == WeightType::Q8_0 || t == WeightType::Q4_0) && loads_interleaved_weights();
     EXPECT_EQ(w.classifier.interleaved != nullptr, interleaved);
     EXPECT_EQ(w.token_embedding.interleaved, nullptr);
     for (const auto& l : w.layers) {
@@ -370,7 +371,7 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
     const std::string path = temp_path("synth_" + type_name + ".gguf");
     write_synthetic_gguf(path, o);
     auto m = Model::load(path);
-    const bool q4_1 = (t == GgmlType::Q4_1 || t == GgmlType::Q4_K) && native_q4_1_supported();
+    const bool q4_1 = (t == GgmlType::Q4_1 || t == GgmlType::Q4_K) && loads_q4_1_natively();
     const WeightType to = t == GgmlType::BF16 ? WeightType::F32 : q4_1 ? WeightType::Q4_1 : WeightType::Q8_0;
     const std::vector<TensorConversion> conv = m->conversions();
     ASSERT_EQ(conv.size(), 2u + 7u * 2u);
@@ -382,7 +383,7 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
       EXPECT_EQ(c.to, to) << c.name;
     }
     const Weights& w = m->weights();
-    const bool interleaved = to != WeightType::F32 && interleaved_weights_supported();
+    const bool interleaved = to != WeightType::F32 && loads_interleaved_weights();
     EXPECT_EQ(w.token_embedding.type, to);
     EXPECT_NE(w.token_embedding.data, nullptr);  // lookups read it
     EXPECT_EQ(w.token_embedding.interleaved, nullptr);
@@ -487,6 +488,71 @@ TEST(ModelLoader, TinyGgufLoadsAndSharesItsEmbedding) {
 // A converted embedding with no output.weight: the classifier shares the
 // converted copy, which lookups keep reading after the classifier's
 // interleaved copy is made.
+// A Q4_K block whose d times a sub-block scale passes fp16's 65504 (the Q4_1
+// path), or whose values pass 127 * 65504 (the Q8_0 path), would compute inf
+// or NaN: the load fails naming the tensor. ggml forms d * sc in fp32.
+TEST(ModelLoader, ConvertedScalePastFp16IsAnError) {
+  SyntheticModelOptions o;
+  o.dim = 256;
+  o.hidden_dim = 512;
+  o.n_layers = 1;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.vocab_size = 40;
+  o.seq_len = 64;
+  o.weights = GgmlType::Q4_K;
+  const std::string path = temp_path("q4k_huge_d.gguf");
+  write_synthetic_gguf(path, o);
+  std::string bytes;
+  {
+    const GgufFile f(path);
+    const GgufTensorInfo* t = f.find_tensor("blk.0.attn_q.weight");
+    ASSERT_NE(t, nullptr);
+    const std::string first_block(reinterpret_cast<const char*>(t->data), 144);
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+    const size_t at = bytes.find(first_block);
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(bytes.find(first_block, at + 1), std::string::npos);
+    const uint16_t d = fp32_to_fp16(32768.0f);  // times any scale of 2 or more: past 65504
+    std::memcpy(&bytes[at], &d, sizeof d);
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  expect_error_containing([&] { (void)Model::load(path); },
+                          "tensor 'blk.0.attn_q.weight' (Q4_K (ggml type 12)) converted to");
+  expect_error_containing([&] { (void)Model::load(path); }, "row 0 has a block scale past fp16's range");
+}
+
+// The fingerprint is the identity of KV blocks shared through tiers: a Q4_K
+// file computed as Q4_1 (AVX2) and as Q8_0 (AVX-512 VNNI hosts, or with
+// interleaving off) has other weights, so other fingerprints.
+TEST(ModelLoader, FingerprintNamesTheComputedType) {
+  if (!native_q4_1_supported()) GTEST_SKIP() << "this build computes Q4_K as Q8_0 only";
+  SyntheticModelOptions o;
+  o.dim = 256;
+  o.hidden_dim = 512;
+  o.n_layers = 1;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.vocab_size = 40;
+  o.seq_len = 64;
+  o.weights = GgmlType::Q4_K;
+  const std::string path = temp_path("q4k_fingerprint.gguf");
+  write_synthetic_gguf(path, o);
+  const char* was = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
+  const std::string saved = was != nullptr ? was : "";
+  ::unsetenv("KVSERVE_INTERLEAVE_WEIGHTS");
+  const std::string as_q4_1 = Model::load(path)->fingerprint();
+  ::setenv("KVSERVE_INTERLEAVE_WEIGHTS", "0", 1);
+  auto q8 = Model::load(path);
+  const std::string as_q8_0 = q8->fingerprint();
+  if (was != nullptr) ::setenv("KVSERVE_INTERLEAVE_WEIGHTS", saved.c_str(), 1);
+  else ::unsetenv("KVSERVE_INTERLEAVE_WEIGHTS");
+  ASSERT_EQ(q8->conversions().front().to, WeightType::Q8_0);
+  EXPECT_NE(as_q4_1, as_q8_0);
+  EXPECT_EQ(as_q4_1, Model::load(path)->fingerprint());
+}
+
 TEST(ModelLoader, ConvertedEmbeddingIsSharedWithTheClassifier) {
   TinyGguf g;
   g.dim = 256;
@@ -496,7 +562,7 @@ TEST(ModelLoader, ConvertedEmbeddingIsSharedWithTheClassifier) {
   g.write(path);
   auto m = Model::load(path);
   const Weights& w = m->weights();
-  EXPECT_EQ(w.token_embedding.type, native_q4_1_supported() ? WeightType::Q4_1 : WeightType::Q8_0);
+  EXPECT_EQ(w.token_embedding.type, loads_q4_1_natively() ? WeightType::Q4_1 : WeightType::Q8_0);
   EXPECT_EQ(w.classifier.data, w.token_embedding.data);
   EXPECT_NE(w.token_embedding.data, nullptr);
   EXPECT_EQ(m->conversions().size(), 1u + 7u);  // the embedding once

@@ -352,7 +352,7 @@ TEST(ConvertedWeights, RunAsTheirDequantizedF32) {
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_1, GgmlType::Q6_K, GgmlType::BF16}) {
     SCOPED_TRACE(ggml_type_name(uint32_t(t)));
     s.weights = t;
-    const bool q4_1 = (t == GgmlType::Q4_K || t == GgmlType::Q4_1) && native_q4_1_supported();
+    const bool q4_1 = (t == GgmlType::Q4_K || t == GgmlType::Q4_1) && loads_q4_1_natively();
     const WeightType converted = t == GgmlType::BF16 ? WeightType::F32 : q4_1 ? WeightType::Q4_1 : WeightType::Q8_0;
     std::vector<float> logits[2];
     std::vector<int32_t> greedy[2];

@@ -356,7 +356,7 @@ const float* GgufFile::vector_f32(const std::string& name, int64_t n) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) fail("{}: missing tensor '{}'", path(), name);
   if (t->ggml_type != uint32_t(GgmlType::F32))
-    fail("{}: tensor '{}' must be F32 (type {})", path(), name, ggml_type_label(t->ggml_type));
+    fail("{}: tensor '{}' must be F32, not {}", path(), name, ggml_type_label(t->ggml_type));
   if (t->dims.size() != 1 || t->dims[0] != n)
     fail("{}: tensor '{}' has shape [{}], expected [{}]", path(), name, fmt::join(t->dims, ", "), n);
   return reinterpret_cast<const float*>(t->data);

@@ -55,19 +55,38 @@ void check_head_counts(const GgufFile& f, const ModelConfig& c) {
        c.n_kv_heads, kv_named ? "" : " (absent: head_count)");
 }
 
-// Whether Model::load makes interleaved copies (Model::interleave_weights):
-// the build has the kernel and KVSERVE_INTERLEAVE_WEIGHTS is not "0".
-bool interleaving_enabled() {
+}  // namespace
+
+bool loads_interleaved_weights() {
   const char* env = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
   return interleaved_weights_supported() && !(env != nullptr && std::string_view(env) == "0");
 }
 
-// Whether Q4_1 and Q4_K tensors load as Q4_1 (else as Q8_0): where its
-// interleaved kernel exists and copies are made. Anywhere else a Q4_1 matrix
-// would run on matmul's scalar row-major kernel, or, on the AVX-512 VNNI
-// build, on no kernel that could be tested where it was written
-// (native_q4_1_supported explains).
-bool load_q4_1_natively() { return native_q4_1_supported() && interleaving_enabled(); }
+// Q4_1 loads only where its interleaved kernel exists and copies are made.
+// Anywhere else a Q4_1 matrix would run on matmul's scalar row-major kernel,
+// or, on the AVX-512 VNNI build, on no kernel that could be tested where it
+// was written (native_q4_1_supported explains).
+bool loads_q4_1_natively() { return native_q4_1_supported() && loads_interleaved_weights(); }
+
+namespace {
+
+// The first row of a converted matrix (rows of row_bytes bytes in type `to`)
+// with a block scale or min fp16 cannot hold (ggml multiplies d by a
+// sub-block's scale in fp32: a file's d past ~1040 overflows fp16 as Q4_1,
+// values past ~8.3e6 as Q8_0); -1 when there is none. Such a block would
+// compute inf, or NaN at a zero code.
+int64_t first_row_with_infinite_scale(const uint8_t* out, int64_t rows, size_t row_bytes, WeightType to) {
+  const size_t block_bytes = weight_row_bytes(to, 32);
+  const int scales = to == WeightType::Q4_1 ? 2 : 1;  // d (and m) lead each block
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t b = 0; b < row_bytes; b += block_bytes)
+      for (int s = 0; s < scales; ++s) {
+        uint16_t h;
+        std::memcpy(&h, out + size_t(r) * row_bytes + b + 2 * size_t(s), sizeof h);
+        if ((h & 0x7C00) == 0x7C00) return r;
+      }
+  return -1;
+}
 
 // Decodes the rows of tensor t, a (rows, cols) matrix of a type converted at
 // load, and re-encodes each as `to` into out (rows * weight_row_bytes(to, cols)
@@ -126,9 +145,12 @@ const std::string& Model::fingerprint() const {
   XXH3_128bits_update(state, shape.data(), shape.size());
   auto matrix = [&](const WeightMatrix& w) {
     if (const Conversion* c = conversion_of(w)) {
-      // The file's bytes: the same file gives the same fingerprint whether or
-      // not the converted copy was replaced by an interleaved one.
-      const int type = 1000 + int(c->info.from);  // apart from WeightType's numbers
+      // The file's bytes and the type they were converted to: the same file
+      // gives the same fingerprint whether or not the converted copy was
+      // replaced by an interleaved one, and another one where it computes as
+      // another type (Q4_K as Q4_1 on AVX2, as Q8_0 elsewhere): replicas
+      // sharing a KV tier share blocks only between equal weights.
+      const int type = 1000 + 64 * int(c->info.from) + int(c->info.to);  // apart from WeightType's numbers
       XXH3_128bits_update(state, &type, sizeof type);
       XXH3_128bits_update(state, c->source, c->source_bytes);
       MappedFile::release(c->source, c->source_bytes);
@@ -175,12 +197,19 @@ void Model::load_gguf_matrix(const std::string& name, int64_t rows, int64_t cols
     return;
   }
   auto c = std::make_unique<Conversion>();
-  c->info = {name, t.ggml_type, *ggml_load_type(t.ggml_type, load_q4_1_natively())};
+  c->info = {name, t.ggml_type, *ggml_load_type(t.ggml_type, loads_q4_1_natively())};
   c->source = t.data;
   c->source_bytes = size_t(t.bytes);
   c->buffer.resize(weight_row_bytes(c->info.to, cols) * size_t(rows));
   if (!pool) pool = std::make_unique<ThreadPool>(int(std::max(1u, std::thread::hardware_concurrency())));
   convert_rows(t, rows, cols, c->info.to, c->buffer.data(), *pool);
+  if (c->info.to == WeightType::Q8_0 || c->info.to == WeightType::Q4_1)
+    if (const int64_t r = first_row_with_infinite_scale(c->buffer.data(), rows, weight_row_bytes(c->info.to, cols),
+                                                        c->info.to);
+        r >= 0)
+      fail("{}: tensor '{}' ({}) converted to {}: row {} has a block scale past fp16's range (65504); the file's "
+           "values are not weights kvserve can compute with",
+           gguf_->path(), name, ggml_type_label(t.ggml_type), weight_type_name(c->info.to), r);
   // The copy is what runs: the file's pages are not needed again (until
   // fingerprint() hashes them).
   MappedFile::release(t.data, size_t(t.bytes));
@@ -222,7 +251,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
 }
 
 void Model::interleave_weights() {
-  if (!interleaving_enabled()) return;
+  if (!loads_interleaved_weights()) return;
   std::vector<WeightMatrix*> todo;  // the block-quantized ones: no threads for a float model
   auto consider = [&](WeightMatrix* w) {
     if (w->type == WeightType::Q8_0 || w->type == WeightType::Q4_0 || w->type == WeightType::Q4_1)

@@ -42,6 +42,15 @@ struct Weights {
 
 enum class CheckpointFormat { Gguf, Llama2c };
 
+// Whether Model::load gives Q8_0/Q4_0/Q4_1 projections interleaved copies
+// (kernels/interleaved_weights.h): the build has the kernel and
+// KVSERVE_INTERLEAVE_WEIGHTS is not "0" (kept for A/B measurements).
+bool loads_interleaved_weights();
+// Whether Model::load computes Q4_1 and Q4_K tensors as Q4_1 (else as Q8_0):
+// where the build has the Q4_1 kernel (native_q4_1_supported) and
+// KVSERVE_INTERLEAVE_WEIGHTS is not "0".
+bool loads_q4_1_natively();
+
 // A GGUF tensor stored in a type kvserve does not compute with in place (the
 // K-quants, Q4_1, Q5_0, Q5_1, BF16), converted at load: decoded row by row
 // and re-encoded as `to` (Q8_0; F32 for BF16, exactly), or, where Q4_1 runs

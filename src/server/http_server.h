@@ -120,8 +120,8 @@ class HttpServer {
   // The 400 for the first id past the vocabulary ("{what}token id N is out
   // of range ..."), naming `param`.
   std::optional<ApiError> check_token_ids(std::span<const int32_t> ids, std::string_view what, const char* param) const;
-  // Whether `model` is the served model; false after sending the 400.
-  // Whether model (empty: not given) names the served model; else sends the 404.
+  // Whether model (empty: not given) is one of the served names; false after
+  // sending the 400 model_not_found.
   bool check_model(const std::string& model, httplib::Response& res) const;
   // GET /v1/kv/events?after=SEQ&limit=N: the engine's logged prefix-cache
   // events of the caller's tenant and of the shared scope (every tenant's
