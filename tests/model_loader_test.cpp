@@ -350,6 +350,21 @@ TEST(ModelLoader, SyntheticGgufLoadsEachWeightType) {
   }
 }
 
+// A small synthetic checkpoint of weight type t (dims multiples of 256, as
+// the K-quants need).
+SyntheticModelOptions small_synthetic(GgmlType t, int32_t n_layers) {
+  SyntheticModelOptions o;
+  o.dim = 256;
+  o.hidden_dim = 512;
+  o.n_layers = n_layers;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.vocab_size = 40;
+  o.seq_len = 64;
+  o.weights = t;
+  return o;
+}
+
 // Every type converted at load: the matrices become Q8_0 (F32 for BF16;
 // Q4_1 for Q4_1 and Q4_K where the build runs Q4_1 natively), hold what the
 // file's rows decode to, are listed by conversions(), and get the
@@ -359,15 +374,7 @@ TEST(ModelLoader, SyntheticGgufConvertsOtherTypesAtLoad) {
                      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     const std::string type_name = ggml_type_name(uint32_t(t));
     SCOPED_TRACE(type_name);
-    SyntheticModelOptions o;
-    o.dim = 256;
-    o.hidden_dim = 512;
-    o.n_layers = 2;
-    o.n_heads = 4;
-    o.n_kv_heads = 2;
-    o.vocab_size = 40;
-    o.seq_len = 64;
-    o.weights = t;
+    const SyntheticModelOptions o = small_synthetic(t, 2);
     const std::string path = temp_path("synth_" + type_name + ".gguf");
     write_synthetic_gguf(path, o);
     auto m = Model::load(path);
@@ -485,22 +492,11 @@ TEST(ModelLoader, TinyGgufLoadsAndSharesItsEmbedding) {
   EXPECT_EQ(m->tokenizer(), nullptr);
 }
 
-// A converted embedding with no output.weight: the classifier shares the
-// converted copy, which lookups keep reading after the classifier's
-// interleaved copy is made.
 // A Q4_K block whose d times a sub-block scale passes fp16's 65504 (the Q4_1
 // path), or whose values pass 127 * 65504 (the Q8_0 path), would compute inf
 // or NaN: the load fails naming the tensor. ggml forms d * sc in fp32.
 TEST(ModelLoader, ConvertedScalePastFp16IsAnError) {
-  SyntheticModelOptions o;
-  o.dim = 256;
-  o.hidden_dim = 512;
-  o.n_layers = 1;
-  o.n_heads = 4;
-  o.n_kv_heads = 2;
-  o.vocab_size = 40;
-  o.seq_len = 64;
-  o.weights = GgmlType::Q4_K;
+  const SyntheticModelOptions o = small_synthetic(GgmlType::Q4_K, 1);
   const std::string path = temp_path("q4k_huge_d.gguf");
   write_synthetic_gguf(path, o);
   std::string bytes;
@@ -528,15 +524,7 @@ TEST(ModelLoader, ConvertedScalePastFp16IsAnError) {
 // interleaving off) has other weights, so other fingerprints.
 TEST(ModelLoader, FingerprintNamesTheComputedType) {
   if (!native_q4_1_supported()) GTEST_SKIP() << "this build computes Q4_K as Q8_0 only";
-  SyntheticModelOptions o;
-  o.dim = 256;
-  o.hidden_dim = 512;
-  o.n_layers = 1;
-  o.n_heads = 4;
-  o.n_kv_heads = 2;
-  o.vocab_size = 40;
-  o.seq_len = 64;
-  o.weights = GgmlType::Q4_K;
+  const SyntheticModelOptions o = small_synthetic(GgmlType::Q4_K, 1);
   const std::string path = temp_path("q4k_fingerprint.gguf");
   write_synthetic_gguf(path, o);
   const char* was = std::getenv("KVSERVE_INTERLEAVE_WEIGHTS");
@@ -553,6 +541,9 @@ TEST(ModelLoader, FingerprintNamesTheComputedType) {
   EXPECT_EQ(as_q4_1, Model::load(path)->fingerprint());
 }
 
+// A converted embedding with no output.weight: the classifier shares the
+// converted copy, which lookups keep reading after the classifier's
+// interleaved copy is made.
 TEST(ModelLoader, ConvertedEmbeddingIsSharedWithTheClassifier) {
   TinyGguf g;
   g.dim = 256;
