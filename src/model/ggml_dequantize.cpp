@@ -66,16 +66,7 @@ void scale_min_k4(const uint8_t* scales, int j, int& scale, int& min) {
   }
 }
 
-// Q4_1 and Q5_1 share the min form; Q5_0 and Q5_1 the fifth bit.
-void q4_1_block(const uint8_t* b, float* y) {
-  const float d = fp16_at(b), m = fp16_at(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * float(qs[j] & 0xF) + m;
-    y[j + 16] = d * float(qs[j] >> 4) + m;
-  }
-}
-
+// Q5_0 and Q5_1 (m = 0 and offset 16 for Q5_0).
 void q5_block(const uint8_t* qh_bytes, const uint8_t* qs, float d, float m, int offset, float* y) {
   const uint32_t qh = u32_at(qh_bytes);
   for (int j = 0; j < 16; ++j) {
@@ -225,33 +216,29 @@ bool ggml_needs_conversion(uint32_t type) {
 
 void dequantize_ggml_row(GgmlType t, const uint8_t* src, int64_t n, float* out) {
   const GgmlBlock block = ggml_block(uint32_t(t));
+  // The types kvserve computes with (Q4_1's block is its computed Q4_1's):
+  // the kernels' own decoder.
+  if (!ggml_needs_conversion(uint32_t(t)) || t == GgmlType::Q4_1) {
+    const WeightType w = t == GgmlType::Q4_1 ? WeightType::Q4_1 : *ggml_load_type(uint32_t(t), false);
+    dequantize_row(WeightMatrix{w, src, 1, n}, 0, out);
+    return;
+  }
   const int64_t blocks = n / block.values;
   for (int64_t i = 0; i < blocks; ++i) {
     const uint8_t* b = src + i * block.bytes;
     float* y = out + i * block.values;
     switch (t) {
-      case GgmlType::F32: std::memcpy(y, b, sizeof(float)); break;
-      case GgmlType::F16: *y = fp16_at(b); break;
+      case GgmlType::F32:
+      case GgmlType::F16:
+      case GgmlType::Q4_0:
+      case GgmlType::Q8_0:
+      case GgmlType::Q4_1: break;  // above
       case GgmlType::BF16: {
         bf16_t v;
         std::memcpy(&v, b, sizeof v);
         *y = bf16_to_fp32(v);
         break;
       }
-      case GgmlType::Q4_0: {
-        const float d = fp16_at(b);
-        for (int j = 0; j < 16; ++j) {
-          y[j] = d * float((b[2 + j] & 0xF) - 8);
-          y[j + 16] = d * float((b[2 + j] >> 4) - 8);
-        }
-        break;
-      }
-      case GgmlType::Q8_0: {
-        const float d = fp16_at(b);
-        for (int j = 0; j < 32; ++j) y[j] = d * float(int8_t(b[2 + j]));
-        break;
-      }
-      case GgmlType::Q4_1: q4_1_block(b, y); break;
       case GgmlType::Q5_0: q5_block(b + 2, b + 6, fp16_at(b), 0.0f, 16, y); break;
       case GgmlType::Q5_1: q5_block(b + 4, b + 8, fp16_at(b), fp16_at(b + 2), 0, y); break;
       case GgmlType::Q2_K: q2_k_block(b, y); break;

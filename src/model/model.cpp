@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -70,52 +71,58 @@ bool loads_q4_1_natively() { return native_q4_1_supported() && loads_interleaved
 
 namespace {
 
-// The first row of a converted matrix (rows of row_bytes bytes in type `to`)
-// with a block scale or min fp16 cannot hold (ggml multiplies d by a
-// sub-block's scale in fp32: a file's d past ~1040 overflows fp16 as Q4_1,
-// values past ~8.3e6 as Q8_0); -1 when there is none. Such a block would
-// compute inf, or NaN at a zero code.
-int64_t first_row_with_infinite_scale(const uint8_t* out, int64_t rows, size_t row_bytes, WeightType to) {
+// Whether a converted row (row_bytes bytes in type `to`) has a block scale
+// or min fp16 cannot hold (ggml multiplies d by a sub-block's scale in fp32:
+// a file's d past ~1040 overflows fp16 as Q4_1, values past ~8.3e6 as Q8_0).
+// Such a block would compute inf, or NaN at a zero code. F32 rows: false.
+bool has_infinite_scale(const uint8_t* row, size_t row_bytes, WeightType to) {
+  if (to != WeightType::Q8_0 && to != WeightType::Q4_1) return false;
   const size_t block_bytes = weight_row_bytes(to, 32);
-  const int scales = to == WeightType::Q4_1 ? 2 : 1;  // d (and m) lead each block
-  for (int64_t r = 0; r < rows; ++r)
-    for (size_t b = 0; b < row_bytes; b += block_bytes)
-      for (int s = 0; s < scales; ++s) {
-        uint16_t h;
-        std::memcpy(&h, out + size_t(r) * row_bytes + b + 2 * size_t(s), sizeof h);
-        if ((h & 0x7C00) == 0x7C00) return r;
-      }
-  return -1;
+  const size_t scales = to == WeightType::Q4_1 ? 2 : 1;  // d (and m) lead each block
+  for (size_t b = 0; b < row_bytes; b += block_bytes)
+    for (size_t s = 0; s < scales; ++s) {
+      uint16_t h;
+      std::memcpy(&h, row + b + 2 * s, sizeof h);
+      if ((h & 0x7C00) == 0x7C00) return true;
+    }
+  return false;
 }
 
 // Decodes the rows of tensor t, a (rows, cols) matrix of a type converted at
 // load, and re-encodes each as `to` into out (rows * weight_row_bytes(to, cols)
-// bytes); Q4_1 and Q4_K rows become Q4_1 without decoding. The reader checked
-// that t's bytes lie in the file and match its shape and type, so every row
-// read below is inside them.
-void convert_rows(const GgufTensorInfo& t, int64_t rows, int64_t cols, WeightType to, uint8_t* out,
-                  ThreadPool& pool) {
+// bytes); Q4_1 and Q4_K rows become Q4_1 without decoding. Returns the first
+// row with a scale past fp16's range (has_infinite_scale), or -1. The reader
+// checked that t's bytes lie in the file and match its shape and type, so
+// every row read below is inside them.
+int64_t convert_rows(const GgufTensorInfo& t, int64_t rows, int64_t cols, WeightType to, uint8_t* out,
+                     ThreadPool& pool) {
   const GgmlBlock block = ggml_block(t.ggml_type);
   const size_t src_row = size_t(cols / block.values * block.bytes);
   const size_t dst_row = weight_row_bytes(to, cols);
-  if (to == WeightType::Q4_1) {
-    pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
-      for (int64_t r = begin; r < end; ++r)
-        repack_ggml_row_q4_1(GgmlType(t.ggml_type), t.data + size_t(r) * src_row, cols, out + size_t(r) * dst_row);
-    });
-    return;
-  }
+  std::atomic<int64_t> first_bad{rows};
   pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
-    std::vector<float> x(static_cast<size_t>(cols));  // one decoded row
+    std::vector<float> x;  // one decoded row
     std::vector<uint8_t> encoded;
-    encoded.reserve(dst_row);
     for (int64_t r = begin; r < end; ++r) {
-      dequantize_ggml_row(GgmlType(t.ggml_type), t.data + size_t(r) * src_row, cols, x.data());
-      encoded.clear();
-      quantize_row(to, x.data(), cols, encoded);
-      std::memcpy(out + size_t(r) * dst_row, encoded.data(), dst_row);
+      uint8_t* row = out + size_t(r) * dst_row;
+      const uint8_t* src = t.data + size_t(r) * src_row;
+      if (to == WeightType::Q4_1) {
+        repack_ggml_row_q4_1(GgmlType(t.ggml_type), src, cols, row);
+      } else {
+        x.resize(size_t(cols));
+        dequantize_ggml_row(GgmlType(t.ggml_type), src, cols, x.data());
+        encoded.clear();
+        quantize_row(to, x.data(), cols, encoded);
+        std::memcpy(row, encoded.data(), dst_row);
+      }
+      if (has_infinite_scale(row, dst_row, to)) {
+        int64_t seen = first_bad.load();
+        while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
+        }
+      }
     }
   });
+  return first_bad.load() < rows ? first_bad.load() : -1;
 }
 
 }  // namespace
@@ -202,14 +209,10 @@ void Model::load_gguf_matrix(const std::string& name, int64_t rows, int64_t cols
   c->source_bytes = size_t(t.bytes);
   c->buffer.resize(weight_row_bytes(c->info.to, cols) * size_t(rows));
   if (!pool) pool = std::make_unique<ThreadPool>(int(std::max(1u, std::thread::hardware_concurrency())));
-  convert_rows(t, rows, cols, c->info.to, c->buffer.data(), *pool);
-  if (c->info.to == WeightType::Q8_0 || c->info.to == WeightType::Q4_1)
-    if (const int64_t r = first_row_with_infinite_scale(c->buffer.data(), rows, weight_row_bytes(c->info.to, cols),
-                                                        c->info.to);
-        r >= 0)
-      fail("{}: tensor '{}' ({}) converted to {}: row {} has a block scale past fp16's range (65504); the file's "
+  if (const int64_t r = convert_rows(t, rows, cols, c->info.to, c->buffer.data(), *pool); r >= 0)
+    fail("{}: tensor '{}' ({}) converted to {}: row {} has a block scale past fp16's range (65504); the file's "
            "values are not weights kvserve can compute with",
-           gguf_->path(), name, ggml_type_label(t.ggml_type), weight_type_name(c->info.to), r);
+         gguf_->path(), name, ggml_type_label(t.ggml_type), weight_type_name(c->info.to), r);
   // The copy is what runs: the file's pages are not needed again (until
   // fingerprint() hashes them).
   MappedFile::release(t.data, size_t(t.bytes));

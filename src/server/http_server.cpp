@@ -182,9 +182,8 @@ HttpServer::HttpServer(Engine& engine, const EngineOptions& engine_options, ApiK
     fail("the prefix-cache events admin '{}' reads no events: --kv-events N is off", options_.kv_events_admin);
 
   const Model& model = engine.model();
-  model_name_ = options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
-                                                   : options_.served_model_name;
-  model_names_ = {model_name_};
+  model_names_ = {options_.served_model_name.empty() ? std::filesystem::path(model.path()).stem().string()
+                                                     : options_.served_model_name};
   for (const std::string& alias : options_.served_model_aliases) {
     if (alias.empty()) fail("a served model name is empty");
     if (std::find(model_names_.begin(), model_names_.end(), alias) == model_names_.end()) model_names_.push_back(alias);
@@ -433,7 +432,7 @@ void HttpServer::end_request(uint64_t ticket) {
 
 std::string HttpServer::metrics_text() const {
   ServerMetrics m;
-  m.model = model_name_;
+  m.model = model_name();
   m.kv_codec = kv_limits_.description;
   m.responses = responses_.snapshot();
   m.uptime_seconds = std::chrono::duration<double>(SteadyTime::now() - started_).count();
@@ -680,7 +679,7 @@ void HttpServer::handle_completion(const httplib::Request& req, const std::strin
   c->top_n = std::max(cr.logprobs, 0);
   c->prompt_top_n = cr.prompt_logprobs;
   c->meta.created = unix_seconds();
-  c->meta.model = model_name_;
+  c->meta.model = model_name();
   // Choice p * n + i: prompt p's i-th (vLLM's order).
   c->choices.resize(n_prompts * size_t(cr.n));
   for (size_t k = 0; k < c->choices.size(); ++k) {

@@ -98,7 +98,7 @@ class HttpServer {
   // Drains for up to drain_seconds, cancels what is left, stops listening.
   void shutdown(double drain_seconds);
 
-  const std::string& model_name() const { return model_name_; }
+  const std::string& model_name() const { return model_names_.front(); }  // the name responses carry
   // Null when the model has no vocabulary (then only token-id prompts work).
   const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }
   std::string metrics_text() const;
@@ -158,8 +158,7 @@ class HttpServer {
   BlockHashAlgo key_hash_ = BlockHashAlgo::Xxh3_128;  // how event keys print
   ApiKeys keys_;
   HttpServerOptions options_;
-  std::string model_name_;
-  std::vector<std::string> model_names_;  // model_name_, then the aliases: every name a request may use
+  std::vector<std::string> model_names_;  // the served name, then the aliases: every name a request may use
   int32_t context_length_ = 0;
   int64_t kv_capacity_tokens_ = 0;
   const Tokenizer* tokenizer_ = nullptr;
