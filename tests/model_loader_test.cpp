@@ -492,6 +492,42 @@ TEST(ModelLoader, TinyGgufLoadsAndSharesItsEmbedding) {
   EXPECT_EQ(m->tokenizer(), nullptr);
 }
 
+// RoPE scaling keys as llama.cpp reads them: a factor without a type is
+// linear (its default type), "none" ignores the factor, another type is
+// refused by name, and rope_freqs.weight must hold one value per pair.
+TEST(ModelLoader, RopeScalingKeysReadAsLlamaCppReadsThem) {
+  auto with_keys = [&](const std::string& name, auto set) {
+    GgufWriter w;
+    set(w);
+    const std::string path = temp_path(name + ".gguf");
+    TinyGguf().write(path, std::move(w));
+    return path;
+  };
+  const RopeScaling s =
+      Model::load(with_keys("rope_no_type", [](GgufWriter& w) { w.set_f32("llama.rope.scaling.factor", 2.0f); }))
+          ->config()
+          .rope_scaling;
+  EXPECT_EQ(s.type, RopeScalingType::Linear);
+  EXPECT_EQ(s.factor, 2.0f);
+  const std::string none = with_keys("rope_none", [](GgufWriter& w) {
+    w.set_string("llama.rope.scaling.type", "none");
+    w.set_f32("llama.rope.scaling.factor", 2.0f);
+  });
+  EXPECT_FALSE(Model::load(none)->config().rope_scaling.scales());
+  const std::string longrope =
+      with_keys("rope_longrope", [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); });
+  expect_error_containing([&] { (void)Model::load(longrope); },
+                          "RoPE scaling type 'longrope' (llama.rope.scaling.type) is not supported");
+  const std::string short_freqs = with_keys("rope_short_freqs", [](GgufWriter& w) {
+    w.add_tensor("rope_freqs.weight", {3}, GgmlType::F32, std::vector<uint8_t>(12, 0));
+  });
+  expect_error_containing([&] { (void)Model::load(short_freqs); }, "tensor 'rope_freqs.weight' has shape [3], expected [2]");
+  const std::string zero_freqs = with_keys("rope_zero_freqs", [](GgufWriter& w) {
+    w.add_tensor("rope_freqs.weight", {2}, GgmlType::F32, std::vector<uint8_t>(8, 0));
+  });
+  expect_error_containing([&] { (void)Model::load(zero_freqs); }, "rope_freqs.weight[0] = 0 must be positive and finite");
+}
+
 // A Q4_K block whose d times a sub-block scale passes fp16's 65504 (the Q4_1
 // path), or whose values pass 127 * 65504 (the Q8_0 path), would compute inf
 // or NaN: the load fails naming the tensor. ggml forms d * sc in fp32.
@@ -676,17 +712,9 @@ TEST(ModelLoader, GgufConfigErrors) {
   GgufWriter inf_theta;
   inf_theta.set_f32("llama.rope.freq_base", INFINITY);
   expect_config_error("inf_theta.gguf", inf_theta, TinyGguf(), "must be positive and finite");
-  // What kvserve does not implement is refused, not ignored: RoPE scaling,
-  // and tensors its graph would leave out (Llama 3.1's rope_freqs, a layer
-  // past block_count, a bias).
-  GgufWriter scaled;
-  scaled.set_string("llama.rope.scaling.type", "linear");
-  scaled.set_f32("llama.rope.scaling.factor", 8.0f);
-  expect_config_error("scaled.gguf", scaled, TinyGguf(), "RoPE scaling ('linear', factor 8) is not supported");
-  GgufWriter factor_only;
-  factor_only.set_f32("llama.rope.scaling.factor", 4.0f);
-  expect_config_error("factor.gguf", factor_only, TinyGguf(), "RoPE scaling ('none', factor 4)");
-  for (const std::string name : {"rope_freqs.weight", "blk.1.attn_q.weight", "blk.0.attn_q.bias"}) {
+  // Tensors the graph would leave out (a layer past block_count, a bias)
+  // are refused, not ignored. (RoPE scaling: RopeScalingKeysReadAsLlamaCppReadsThem.)
+  for (const std::string name : {"blk.1.attn_q.weight", "blk.0.attn_q.bias"}) {
     GgufWriter extra;
     extra.add_tensor(name, {2}, GgmlType::F32, std::vector<uint8_t>(8, 0));
     expect_config_error("extra.gguf", extra, TinyGguf(), "tensor '" + name + "' is not part of the llama graph");

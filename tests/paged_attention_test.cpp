@@ -181,7 +181,7 @@ std::vector<float> reference_reading(const KvCache& cache, int layer, const Bloc
         rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
              cache.key_rope_position(table, layer, kv_head, t) -
                  cache.slot_position(table, layer, kv_head, t) % cache.k_rope_span(layer),
-             cache.rope_theta());
+             cache.rope_frequencies());
       double dot = 0;
       for (int d = 0; d < head_dim; ++d) dot += double(q[size_t(i * head_dim + d)]) * k[size_t(kv_head * head_dim + d)];
       s[size_t(t)] = dot / std::sqrt(double(head_dim));

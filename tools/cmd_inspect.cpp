@@ -25,6 +25,7 @@ void run(const CommonOptions& o) {
       {"vocab_size", c.vocab_size},
       {"context_length", c.seq_len},
       {"rope_theta", c.rope_theta},
+      {"rope_scaling", c.rope_scaling.describe()},
       {"norm_eps", c.norm_eps},
       {"weight_type", std::string(weight_type_name(w.layers.at(0).wq.type))},
       {"weight_bytes", w.bytes()},
@@ -43,6 +44,15 @@ void run(const CommonOptions& o) {
     for (const TensorConversion& c : conversions) types[ggml_type_name(c.from)] = std::string(weight_type_name(c.to));
     j["converted_tensors"] = conversions.size();
     j["converted_types"] = types;
+  }
+  if (const RopeScaling& r = c.rope_scaling; r.scales()) {
+    j["rope_scaling_type"] = rope_scaling_name(r.type);
+    j["rope_scaling_factor"] = r.factor;
+    if (r.type == RopeScalingType::Yarn) {
+      j["rope_original_context"] = r.original_context > 0 ? r.original_context : c.seq_len;
+      j["rope_score_scale"] = rope_score_scale(r);
+    }
+    j["rope_freq_factors"] = r.freq_factors.size();
   }
   if (o.json) {
     print_json(j);

@@ -13,6 +13,9 @@ struct SynthArgs {
   std::string out;
   SyntheticModelOptions model;
   std::string weights = "q8_0";
+  std::string rope_scaling = "none";
+  float rope_scale = 1.0f;
+  int32_t rope_original_context = 0;
 };
 
 constexpr GgmlType kWritable[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16,  GgmlType::F32,
@@ -34,6 +37,17 @@ void run(SynthArgs a) {
     if (lower(a.weights) == name) a.model.weights = t, found = true;
   }
   if (!found) fail("--weights must be one of {} (got '{}')", names, a.weights);
+  RopeScaling& rs = a.model.rope_scaling;
+  rs.factor = a.rope_scale;
+  rs.original_context = a.rope_original_context;
+  if (a.rope_scaling == "llama3") {  // Llama 3.1's factors: low_freq_factor 1, high_freq_factor 4
+    const int32_t original = a.rope_original_context > 0 ? a.rope_original_context : a.model.seq_len;
+    rs.freq_factors = llama3_freq_factors(a.model.dim / a.model.n_heads, 10000.0f, a.rope_scale, 1.0f, 4.0f, original);
+    rs.factor = 1.0f;
+    rs.original_context = 0;
+  } else {
+    rs.type = parse_rope_scaling_type(a.rope_scaling).value();
+  }
   write_synthetic_gguf(a.out, a.model);
   std::fprintf(stderr, "kvserve: wrote %s\n", a.out.c_str());
 }
@@ -58,6 +72,16 @@ void register_synth(CLI::App& app) {
   cmd->add_flag("--dequantized", a->model.write_dequantized,
                 "write F32 matrices holding the values --weights decodes to (a reference for a converted load)");
   cmd->add_option("--seed", a->model.seed, "random seed")->capture_default_str();
+  cmd->add_option("--rope-scaling", a->rope_scaling,
+                  "RoPE scaling to write: none | linear | yarn (GGUF keys) | llama3 (Llama 3.1's rope_freqs.weight)")
+      ->check(CLI::IsMember({"none", "linear", "yarn", "llama3"}))
+      ->capture_default_str();
+  cmd->add_option("--rope-scale", a->rope_scale, "the scaling's context factor")
+      ->check(finite_in(0, 1e6, true))
+      ->capture_default_str();
+  cmd->add_option("--rope-orig-ctx", a->rope_original_context,
+                  "the context before scaling (yarn, llama3; default: --ctx)")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->callback([a] { run(*a); });
 }
 

@@ -75,7 +75,7 @@ void attend_kv_head(const KvCache& cache, int layer, const BlockTable& table, in
       return;
     }
     std::copy(q, q + set, out);
-    rope(out, group, head_dim, -rotation, cache.rope_theta());
+    rope(out, group, head_dim, -rotation, cache.rope_frequencies());
   };
   // Keys in RoPE spans once slots stopped being positions: runs of slots
   // that need the same rotation (a span's tokens, mostly) share one query
@@ -231,7 +231,7 @@ void attend_kv_head_reference(const KvCache& cache, int layer, const BlockTable&
       if (cache.k_pre_rope(layer)) {  // stored rotated by its text position mod the span (1: not at all)
         const int32_t stored = cache.slot_position(table, layer, kv_head, t) % cache.k_rope_span(layer);
         rope(k.data() + size_t(kv_head) * head_dim, 1, head_dim,
-             cache.key_rope_position(table, layer, kv_head, t) - stored, cache.rope_theta());
+             cache.key_rope_position(table, layer, kv_head, t) - stored, cache.rope_frequencies());
       }
       double dot = 0;
       for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * k[size_t(kv_head * head_dim + d)];

@@ -155,7 +155,9 @@ Transformer::Transformer(const Model& model, ThreadPool& pool)
       config_(model.config()),
       pool_(pool),
       scratch_(size_t(pool.num_threads())),
-      policy_scratch_(size_t(pool.num_threads())) {
+      policy_scratch_(size_t(pool.num_threads())),
+      rope_freqs_(config_.rope_frequencies()),
+      query_scale_(rope_score_scale(config_.rope_scaling)) {
   const char* parts = std::getenv("KVSERVE_ATTENTION_PARTS");
   attention_part_tokens_ = parts != nullptr && std::string_view(parts) == "0" ? INT32_MAX : kAttentionPartTokens;
   const char* tile = std::getenv("KVSERVE_PREFILL_TILE");
@@ -283,13 +285,19 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
       const TokenSlot& s = slots[size_t(t)];
       const BatchEntry& b = batch[size_t(s.entry)];
       float* k = k_.data() + t * kv_dim;
-      rope(q_.data() + t * q_dim, c.n_heads, head_dim, s.rope, c.rope_theta);
-      if (!pre_rope) rope(k, c.n_kv_heads, head_dim, s.rope, c.rope_theta);
+      float* q = q_.data() + t * q_dim;
+      rope(q, c.n_heads, head_dim, s.rope, rope_freqs_.data());
+      // YaRN scales q.k by mscale^2 (llama.cpp: cos and sin of q and k by
+      // mscale); on q alone the scores are the same, and keys stay as
+      // stored, whichever codec and rotation path reads them.
+      if (query_scale_ != 1.0f)
+        for (int64_t i = 0; i < q_dim; ++i) q[i] *= query_scale_;
+      if (!pre_rope) rope(k, c.n_kv_heads, head_dim, s.rope, rope_freqs_.data());
       const float* stored_k = k;
       if (rope_span > 1) {  // rotated by its text position's offset within its span (KvCodecConfig::rope_span)
         key_in_span_.assign(k, k + kv_dim);
         rope(key_in_span_.data(), c.n_kv_heads, head_dim, b.table->position_of_new(s.pos) % rope_span,
-             c.rope_theta);
+             rope_freqs_.data());
         stored_k = key_in_span_.data();
       }
       cache.write(layer, *b.table, s.pos, stored_k, v_.data() + t * kv_dim);
@@ -297,7 +305,7 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
         const float* key = k;
         if (pre_rope) {
           key_after_rope_.assign(k, k + kv_dim);
-          rope(key_after_rope_.data(), c.n_kv_heads, head_dim, s.rope, c.rope_theta);
+          rope(key_after_rope_.data(), c.n_kv_heads, head_dim, s.rope, rope_freqs_.data());
           key = key_after_rope_.data();
         }
         policy_call(size_t(s.entry), [&] { b.policy->on_kv(layer, s.pos, key, v_.data() + t * kv_dim); });

@@ -174,6 +174,8 @@ class Transformer {
   std::vector<PolicyScratch> policy_scratch_;  // (threads)
   std::vector<float> key_after_rope_;          // (kv_dim) a pre-RoPE key rotated for on_kv()
   std::vector<float> key_in_span_;             // (kv_dim) a pre-RoPE key rotated within its RoPE span
+  std::vector<float> rope_freqs_;              // (head_dim / 2) the model's RoPE angles, scaling applied
+  float query_scale_ = 1.0f;                   // YaRN's score factor, put on the queries after RoPE
   QueryObserver query_observer_;
 };
 

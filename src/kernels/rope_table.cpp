@@ -1,12 +1,13 @@
 #include "kernels/rope_table.h"
 
+#include "kernels/vector_ops.h"
 #include "util/simd.h"
 
 #include <cmath>
 
 namespace kvserve {
 
-RopeTable::RopeTable(int max_pos, int head_dim, float theta)
+RopeTable::RopeTable(int max_pos, int head_dim, const std::vector<float>& freqs)
     : max_pos_(max_pos), head_dim_(head_dim), table_(size_t(max_pos) * 2 * size_t(head_dim)) {
   const int pairs = head_dim / 2;
   for (int pos = 0; pos < max_pos; ++pos) {
@@ -14,14 +15,16 @@ RopeTable::RopeTable(int max_pos, int head_dim, float theta)
     float* s = c + head_dim;
     for (int i = 0; i < pairs; ++i) {
       // The same float expressions as rope(), so both paths rotate identically.
-      const float freq = 1.0f / powf(theta, float(2 * i) / float(head_dim));
-      const float val = float(pos) * freq;
+      const float val = float(pos) * freqs[size_t(i)];
       c[2 * i] = c[2 * i + 1] = cosf(val);
       s[2 * i] = sinf(val);
       s[2 * i + 1] = -s[2 * i];
     }
   }
 }
+
+RopeTable::RopeTable(int max_pos, int head_dim, float theta)
+    : RopeTable(max_pos, head_dim, unscaled_rope_frequencies(head_dim, theta)) {}
 
 void RopeTable::rotate_back(const float* q, int n, int pos, float* out) const {
   // out[2i] = q[2i] c + q[2i+1] s;  out[2i+1] = q[2i+1] c - q[2i] s.

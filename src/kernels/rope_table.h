@@ -12,7 +12,10 @@ namespace kvserve {
 
 class RopeTable {
  public:
-  // Positions [0, max_pos). head_dim even.
+  // Positions [0, max_pos). head_dim even; freqs: head_dim / 2 angles per
+  // position, as rope() takes them.
+  RopeTable(int max_pos, int head_dim, const std::vector<float>& freqs);
+  // Unscaled RoPE of base theta.
   RopeTable(int max_pos, int head_dim, float theta);
 
   int max_pos() const { return max_pos_; }

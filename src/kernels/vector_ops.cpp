@@ -204,15 +204,14 @@ void silu_mul_reference(float* gate, const float* up, int64_t n) {
   }
 }
 
-void rope(float* x, int n_heads, int head_dim, int pos, float theta) {
+void rope(float* x, int n_heads, int head_dim, int pos, const float* freqs) {
   // The angles depend only on the pair index, so compute them once for all heads;
   // the expressions are llama2.c's, evaluated in float.
   const int pairs = head_dim / 2;
   thread_local std::vector<float> cos_sin;  // (pair, {cos, sin})
   cos_sin.resize(size_t(2 * pairs));
   for (int i = 0; i < pairs; ++i) {
-    const float freq = 1.0f / powf(theta, float(2 * i) / float(head_dim));
-    const float val = float(pos) * freq;
+    const float val = float(pos) * freqs[i];
     cos_sin[size_t(2 * i)] = cosf(val);
     cos_sin[size_t(2 * i + 1)] = sinf(val);
   }
@@ -225,6 +224,16 @@ void rope(float* x, int n_heads, int head_dim, int pos, float theta) {
       v[2 * i + 1] = v0 * fci + v1 * fcr;
     }
   }
+}
+
+std::vector<float> unscaled_rope_frequencies(int head_dim, float theta) {
+  std::vector<float> f(size_t(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) f[size_t(i)] = rope_frequency(theta, i, head_dim);
+  return f;
+}
+
+void rope(float* x, int n_heads, int head_dim, int pos, float theta) {
+  rope(x, n_heads, head_dim, pos, unscaled_rope_frequencies(head_dim, theta).data());
 }
 
 float dot(const float* a, const float* b, int64_t n) {

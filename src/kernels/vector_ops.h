@@ -2,7 +2,9 @@
 // reference (suffix _reference) that tests compare against.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace kvserve {
 
@@ -23,9 +25,18 @@ void silu_mul(float* gate, const float* up, int64_t n);
 void silu_mul_reference(float* gate, const float* up, int64_t n);
 
 // Rotary embedding on interleaved pairs (x[2i], x[2i+1]) of each head, as in
-// Llama / llama2.c: angle = pos * theta^(-2i / head_dim).
-// x: (n_heads, head_dim) floats, rotated in place.
+// Llama / llama2.c: pair i turns by angle pos * freqs[i] (head_dim / 2 of
+// them; rope_frequencies() in model/rope_scaling.h applies a checkpoint's
+// RoPE scaling). x: (n_heads, head_dim) floats, rotated in place.
+void rope(float* x, int n_heads, int head_dim, int pos, const float* freqs);
+// Unscaled: freqs[i] = rope_frequency(theta, i, head_dim).
 void rope(float* x, int n_heads, int head_dim, int pos, float theta);
+// theta^(-2 pair / head_dim), in the float expression llama2.c uses.
+inline float rope_frequency(float theta, int pair, int head_dim) {
+  return 1.0f / std::pow(theta, float(2 * pair) / float(head_dim));
+}
+// All head_dim / 2 of them.
+std::vector<float> unscaled_rope_frequencies(int head_dim, float theta);
 
 // Dot product of n floats.
 float dot(const float* a, const float* b, int64_t n);

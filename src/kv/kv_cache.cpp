@@ -22,7 +22,7 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
     : options_(options),
       n_kv_heads_(model.n_kv_heads),
       head_dim_(model.head_dim()),
-      rope_theta_(model.rope_theta),
+      rope_freqs_(model.rope_frequencies()),
       pool_([&] {
         if (options.block_size <= 0 || options.block_size > kMaxBlockSize)
           fail("--block-size {} is out of range (1..{})", options.block_size, kMaxBlockSize);
@@ -62,7 +62,7 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheOptions& options)
           if (layer.k->config().pre_rope && layer.k->config().is_static())
             fail("pre-RoPE keys with static scales are not supported (calibration measures keys after RoPE)");
           if (layer.k->config().pre_rope && !rope_table_)
-            rope_table_ = std::make_unique<RopeTable>(model.seq_len, model.head_dim(), model.rope_theta);
+            rope_table_ = std::make_unique<RopeTable>(model.seq_len, model.head_dim(), rope_freqs_);
         }
         if (staged_) {
           KvCodecConfig fp16;
@@ -292,7 +292,7 @@ void KvCache::read_keys(int layer, const BlockTable& table, int32_t begin, int32
     // Stored rotated by position mod span (1: not at all); the rest of the rotation now.
     for (int h = 0; h < n_kv_heads_; ++h) {
       const int32_t pos = key_rope_position(table, layer, h, s);
-      rope(row + size_t(h) * size_t(head_dim_), 1, head_dim_, pos - pos % span, rope_theta_);
+      rope(row + size_t(h) * size_t(head_dim_), 1, head_dim_, pos - pos % span, rope_freqs_.data());
     }
   }
 }

@@ -152,7 +152,8 @@ class KvCache {
   int k_rope_span(int layer) const { return layers_[size_t(layer)].k->config().rope_span; }
   const RopeTable& rope_table() const { return *rope_table_; }  // REQUIRES: some layer keeps keys before RoPE
   const RopeTable* rope_table_if_any() const { return rope_table_.get(); }
-  float rope_theta() const { return rope_theta_; }
+  // RoPE's angle per position for each pair of a head (the model's, scaling applied).
+  const float* rope_frequencies() const { return rope_freqs_.data(); }
   const KvCodec& k_codec(int layer) const { return *layers_[size_t(layer)].k; }
   const KvCodec& v_codec(int layer) const { return *layers_[size_t(layer)].v; }
 
@@ -289,7 +290,7 @@ class KvCache {
   KvCacheOptions options_;
   int n_kv_heads_ = 0;
   int head_dim_ = 0;
-  float rope_theta_ = 10000.0f;
+  std::vector<float> rope_freqs_;  // (head_dim / 2)
   int32_t residual_ = 0;
   bool staged_ = false;                      // any layer uses staging
   std::unique_ptr<KvCodec> staging_codec_;   // FP16, one block of one layer's K or V

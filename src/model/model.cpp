@@ -150,6 +150,12 @@ const std::string& Model::fingerprint() const {
                                         c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
                                         c.rope_theta, c.norm_eps);
   XXH3_128bits_update(state, shape.data(), shape.size());
+  if (const RopeScaling& r = c.rope_scaling; r.scales()) {  // other rotations, other keys (unscaled: as before)
+    const std::string rope = fmt::format(" rope {} {} {} {} {} {} {}", rope_scaling_name(r.type), r.factor,
+                                         r.original_context, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow);
+    XXH3_128bits_update(state, rope.data(), rope.size());
+    XXH3_128bits_update(state, r.freq_factors.data(), r.freq_factors.size() * sizeof(float));
+  }
   auto matrix = [&](const WeightMatrix& w) {
     if (const Conversion* c = conversion_of(w)) {
       // The file's bytes and the type they were converted to: the same file
@@ -293,6 +299,42 @@ void Model::interleave_weights() {
   }
 }
 
+// RoPE scaling as llama.cpp reads it from a `llama` GGUF: a factor with no
+// type means linear (its default type), "none" never scales, and
+// rope_freqs.weight (Llama 3.1's per-pair divisors) applies whatever the
+// type. Another type (longrope, ...) is refused: ignored, the model would
+// run with wrong rotations past its first positions.
+static RopeScaling read_rope_scaling(const GgufFile& f, const std::string& path, int head_dim,
+                                     int32_t context_length) {
+  RopeScaling s;
+  double factor = f.get_float_or("llama.rope.scaling.factor", 0.0);
+  if (factor == 0.0) factor = f.get_float_or("llama.rope.scale_linear", 0.0);  // the older key
+  const std::string type = f.get_string_or("llama.rope.scaling.type", "linear");
+  const std::optional<RopeScalingType> t = parse_rope_scaling_type(type);
+  if (!t) fail("{}: RoPE scaling type '{}' (llama.rope.scaling.type) is not supported; kvserve runs none, linear and yarn", path, type);
+  s.type = *t;
+  s.factor = float(factor == 0.0 ? 1.0 : factor);
+  if (s.type == RopeScalingType::Linear && s.factor == 1.0f) s.type = RopeScalingType::None;
+  if (s.type == RopeScalingType::None) s.factor = 1.0f;
+  if (s.type == RopeScalingType::Yarn) {
+    // Absent: the trained context, fixed now so that a longer context asked
+    // for at run time (ModelOverrides) does not move the ramp.
+    const int64_t original = f.get_int_or("llama.rope.scaling.original_context_length", context_length);
+    if (original <= 0 || original > (int64_t(1) << 30))
+      fail("{}: llama.rope.scaling.original_context_length = {} is out of range", path, original);
+    s.original_context = int32_t(original);
+    s.ext_factor = float(f.get_float_or("llama.rope.scaling.yarn_ext_factor", 1.0));
+    s.attn_factor = float(f.get_float_or("llama.rope.scaling.yarn_attn_factor", 1.0));
+    s.beta_fast = float(f.get_float_or("llama.rope.scaling.yarn_beta_fast", 32.0));
+    s.beta_slow = float(f.get_float_or("llama.rope.scaling.yarn_beta_slow", 1.0));
+  }
+  if (f.find_tensor("rope_freqs.weight") != nullptr) {
+    const float* v = f.vector_f32("rope_freqs.weight", head_dim / 2);
+    s.freq_factors.assign(v, v + head_dim / 2);
+  }
+  return s;
+}
+
 void Model::load_gguf(const std::string& path) {
   format_ = CheckpointFormat::Gguf;
   gguf_ = std::make_unique<GgufFile>(path);
@@ -346,12 +388,8 @@ void Model::load_gguf(const std::string& path) {
          "llama.attention.head_count {}): a wrong head_count, or partial rotary embedding ({} of {} dims), which "
          "is not supported",
          path, rope_dims, c.head_dim(), c.dim, c.n_heads, rope_dims, c.head_dim());
-  // RoPE scaling changes every position's rotation: refused, not ignored
-  // (ignored, a linear or Llama-3.1 scaled model loaded and ran unscaled).
-  const std::string scaling = f.get_string_or("llama.rope.scaling.type", "none");
-  const double factor = f.get_float_or("llama.rope.scaling.factor", 1.0);
-  if (scaling != "none" || (factor != 0.0 && factor != 1.0))
-    fail("{}: RoPE scaling ('{}', factor {}) is not supported", path, scaling, factor);
+  c.rope_scaling = read_rope_scaling(f, path, c.head_dim(), c.seq_len);
+  c.rope_scaling.validate(path, c.head_dim());
 
   const int64_t q_dim = int64_t(c.n_heads) * c.head_dim();
   std::unique_ptr<ThreadPool> pool;  // for conversions, created by the first
@@ -384,7 +422,9 @@ void Model::load_gguf(const std::string& path) {
   // Every tensor must be one the graph above reads: another (a layer past
   // block_count, rope_freqs.weight, a bias) would be silently left out.
   for (const GgufTensorInfo& t : f.tensors()) {
-    if (t.name == "token_embd.weight" || t.name == "output_norm.weight" || t.name == "output.weight") continue;
+    if (t.name == "token_embd.weight" || t.name == "output_norm.weight" || t.name == "output.weight" ||
+        t.name == "rope_freqs.weight")
+      continue;
     int32_t layer = -1;
     char part[32] = {};
     if (std::sscanf(t.name.c_str(), "blk.%d.%31[a-z_].weight", &layer, part) == 2 && layer >= 0 &&

@@ -24,6 +24,7 @@ void ModelConfig::validate(const std::string& source) const {
   // Infinity passes "> 0" but turns every norm into zeros (a uniform output).
   if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps) || !(rope_theta > 0.0f) || !std::isfinite(rope_theta))
     fail("{}: norm_eps ({}) and rope_theta ({}) must be positive and finite", source, norm_eps, rope_theta);
+  rope_scaling.validate(source, head_dim());
 }
 
 }  // namespace kvserve

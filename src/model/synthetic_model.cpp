@@ -1,6 +1,7 @@
 #include "model/synthetic_model.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -54,6 +55,7 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   c.n_kv_heads = o.n_kv_heads;
   c.vocab_size = o.vocab_size;
   c.seq_len = o.seq_len;
+  c.rope_scaling = o.rope_scaling;
   c.validate("synth");
   const int64_t block = ggml_block(uint32_t(o.weights)).values;
   if (block == 0) fail("synth: weights of {} cannot be written", ggml_type_label(uint32_t(o.weights)));
@@ -76,6 +78,19 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   w.set_u32("llama.rope.dimension_count", uint32_t(c.head_dim()));
   w.set_f32("llama.rope.freq_base", 10000.0f);
   w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  const RopeScaling& rs = o.rope_scaling;
+  if (rs.type != RopeScalingType::None) {
+    w.set_string("llama.rope.scaling.type", rope_scaling_name(rs.type));
+    w.set_f32("llama.rope.scaling.factor", rs.factor);
+  }
+  if (rs.type == RopeScalingType::Yarn) {
+    if (rs.original_context > 0) w.set_u32("llama.rope.scaling.original_context_length", uint32_t(rs.original_context));
+    const RopeScaling defaults;
+    if (rs.ext_factor != defaults.ext_factor) w.set_f32("llama.rope.scaling.yarn_ext_factor", rs.ext_factor);
+    if (rs.attn_factor != defaults.attn_factor) w.set_f32("llama.rope.scaling.yarn_attn_factor", rs.attn_factor);
+    if (rs.beta_fast != defaults.beta_fast) w.set_f32("llama.rope.scaling.yarn_beta_fast", rs.beta_fast);
+    if (rs.beta_slow != defaults.beta_slow) w.set_f32("llama.rope.scaling.yarn_beta_slow", rs.beta_slow);
+  }
 
   // Placeholder vocabulary: the special tokens, then pieces "▁t<i>".
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -103,6 +118,11 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   w.add_tensor("token_embd.weight", {dim, c.vocab_size}, gt, random(c.vocab_size, dim));
   w.add_tensor("output_norm.weight", {dim}, GgmlType::F32, ones(dim));
   w.add_tensor("output.weight", {dim, c.vocab_size}, gt, random(c.vocab_size, dim));
+  if (!rs.freq_factors.empty()) {
+    std::vector<uint8_t> bytes(rs.freq_factors.size() * sizeof(float));
+    std::memcpy(bytes.data(), rs.freq_factors.data(), bytes.size());
+    w.add_tensor("rope_freqs.weight", {int64_t(rs.freq_factors.size())}, GgmlType::F32, std::move(bytes));
+  }
   for (int32_t l = 0; l < c.n_layers; ++l) {
     auto name = [&](const char* what) { return "blk." + std::to_string(l) + "." + what + ".weight"; };
     w.add_tensor(name("attn_norm"), {dim}, GgmlType::F32, ones(dim));

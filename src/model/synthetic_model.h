@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/ggml_dequantize.h"
+#include "model/rope_scaling.h"
 
 namespace kvserve {
 
@@ -23,6 +24,9 @@ struct SyntheticModelOptions {
   // exactness, for comparing a converted load with plain floats.
   bool write_dequantized = false;
   uint64_t seed = 1;
+  // Written as llama.cpp's converter writes it: the type, factor and YaRN
+  // keys for linear and yarn; freq_factors as rope_freqs.weight.
+  RopeScaling rope_scaling;
 };
 
 // Writes a GGUF `llama` checkpoint with uniform random weights scaled by
