@@ -267,6 +267,53 @@ TEST(RopeScalingModel, YarnScalesTheQueries) {
   for (size_t i = 0; i < q[0].size(); ++i) ASSERT_NEAR(q[1][i], q[0][i] * scale, 1e-5f) << i;
 }
 
+// llama.cpp's flags over a file: a factor alone stretches as linear, YaRN's
+// original context defaults to the trained one, the file's factors stay, and
+// a plain file with overrides runs exactly as a file written with them.
+TEST(RopeScalingModel, OverridesApplyOverTheFile) {
+  const std::string plain = temp_path("override_plain.gguf");
+  write_synthetic_gguf(plain, tiny(RopeScaling{}));
+  ModelOverrides scale;
+  scale.rope_scale = 2.0f;
+  auto m = Model::load(plain, "", scale);
+  EXPECT_EQ(m->config().rope_scaling.type, RopeScalingType::Linear);
+  RopeScaling linear;
+  linear.type = RopeScalingType::Linear;
+  linear.factor = 2.0f;
+  KvCacheOptions kv;
+  kv.num_blocks = 32;
+  const std::vector<int32_t> tokens = some_tokens(100);
+  EXPECT_EQ(max_difference(logits_of(*m, kv, tokens, 100), logits_of(*tiny_model("written", linear), kv, tokens, 100)),
+            0.0f);
+  EXPECT_NE(m->fingerprint(), Model::load(plain)->fingerprint());
+
+  ModelOverrides y;
+  y.rope_scaling = RopeScalingType::Yarn;
+  y.rope_scale = 4.0f;
+  y.context_length = 1024;
+  auto ym = Model::load(plain, "", y);
+  EXPECT_EQ(ym->config().seq_len, 1024);
+  EXPECT_EQ(ym->trained_context_length(), 256);
+  EXPECT_EQ(ym->config().rope_scaling.original_context, 256);
+  y.yarn_original_context = 128;
+  EXPECT_EQ(Model::load(plain, "", y)->config().rope_scaling.original_context, 128);
+
+  RopeScaling llama3;
+  llama3.freq_factors = llama3_freq_factors(16, 10000.0f, 8.0f, 1.0f, 4.0f, 32);
+  const std::string factors = temp_path("override_factors.gguf");
+  write_synthetic_gguf(factors, tiny(llama3));
+  ModelOverrides longer;
+  longer.context_length = 4096;
+  auto lm = Model::load(factors, "", longer);
+  EXPECT_EQ(lm->config().rope_scaling.freq_factors, llama3.freq_factors);
+  EXPECT_EQ(lm->config().seq_len, 4096);
+
+  ModelOverrides bad;
+  bad.yarn_ext_factor = 3.0f;
+  bad.rope_scaling = RopeScalingType::Yarn;
+  expect_error_containing([&] { (void)Model::load(plain, "", bad); }, "ext_factor = 3 is out of range");
+}
+
 TEST(RopeScalingModel, FingerprintNamesTheScaling) {
   const std::string plain = tiny_model("fp_plain", RopeScaling{})->fingerprint();
   RopeScaling linear;

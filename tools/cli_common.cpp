@@ -124,10 +124,48 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
   cmd.add_option("--kv-blocks", o.kv_blocks, "KV cache capacity in blocks (default: one full context; see README for bench, perplexity and serve)");
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache capacity in bytes, e.g. 512MiB (instead of --kv-blocks)");
   cmd.add_option("--threads", o.threads, "threads (default: all cores)");
+  ModelOverrides& mo = o.model_overrides;
+  cmd.add_option("--ctx-size,--max-model-len", mo.context_length,
+                 "context length to run, in tokens (default: the model's; past it, set a RoPE scaling)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd.add_option("--rope-freq-base", mo.rope_freq_base, "RoPE base frequency (default: the model's)")
+      ->check(finite_in(0, 1e12, true));
+  cmd.add_option("--rope-scaling", o.rope_scaling, "RoPE scaling: none | linear | yarn (default: the model's)")
+      ->check(CLI::IsMember({"none", "linear", "yarn"}));
+  cmd.add_option("--rope-scale", mo.rope_scale,
+                 "RoPE context scaling factor: frequencies interpolated by 1/N (linear unless --rope-scaling says yarn)")
+      ->check(finite_in(0, 1e6, true));
+  cmd.add_option("--yarn-orig-ctx", mo.yarn_original_context, "YaRN: the context before scaling (default: the model's)")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd.add_option("--yarn-ext-factor", mo.yarn_ext_factor, "YaRN: extrapolation mix, 0..1 (default 1)")
+      ->check(finite_in(0, 1));
+  cmd.add_option("--yarn-attn-factor", mo.yarn_attn_factor, "YaRN: attention magnitude factor (default 1)")
+      ->check(finite_in(0, 1e6, true));
+  cmd.add_option("--yarn-beta-fast", mo.yarn_beta_fast, "YaRN: low correction dimension (default 32)")
+      ->check(finite_in(0, 1e6, true));
+  cmd.add_option("--yarn-beta-slow", mo.yarn_beta_slow, "YaRN: high correction dimension (default 1)")
+      ->check(finite_in(0, 1e6, true));
   cmd.add_flag("--json", o.json, "print one JSON object on stdout");
 }
 
 int64_t parse_bytes(const std::string& text) { return parse_byte_size(text); }
+
+ModelOverrides model_overrides(const CommonOptions& o) {
+  ModelOverrides m = o.model_overrides;
+  if (!o.rope_scaling.empty()) m.rope_scaling = parse_rope_scaling_type(o.rope_scaling).value();
+  return m;
+}
+
+std::unique_ptr<Model> load_model(const CommonOptions& o) {
+  auto model = Model::load(o.model_path, o.tokenizer_path, model_overrides(o));
+  const ModelConfig& c = model->config();
+  if (c.seq_len > model->trained_context_length() && !c.rope_scaling.scales())
+    std::fprintf(stderr,
+                 "kvserve: note: --ctx-size %d is past the model's trained context of %d with no RoPE scaling "
+                 "(--rope-scaling, --rope-scale): positions past it were never trained\n",
+                 c.seq_len, model->trained_context_length());
+  return model;
+}
 
 KvCacheOptions kv_options(const CommonOptions& o, const Model& model, bool refuse_unused) {
   const int n_layers = model.config().n_layers;

@@ -41,7 +41,16 @@ struct CommonOptions {
   std::optional<std::string> kv_memory;  // e.g. "512MiB" (instead of kv_blocks)
   int threads = 0;              // 0 = all hardware threads
   bool json = false;
+  // Context and RoPE over the checkpoint's (--ctx-size, --rope-*, --yarn-*);
+  // --rope-scaling's name is kept apart until model_overrides() reads it.
+  ModelOverrides model_overrides;
+  std::string rope_scaling;
 };
+
+// The overrides to pass to Model::load.
+ModelOverrides model_overrides(const CommonOptions& o);
+// Model::load with the common options' tokenizer and overrides.
+std::unique_ptr<Model> load_model(const CommonOptions& o);
 
 // Adds --model (required when model_required), --tokenizer, --kv-dtype,
 // --block-size, --kv-blocks, --kv-memory, --threads, --json.

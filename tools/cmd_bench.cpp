@@ -48,7 +48,7 @@ struct BenchArgs {
 };
 
 void run_workload_bench(const BenchArgs& a) {
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   EngineOptions eo = engine_options(a.common, a.engine, *model, sparsity_options(a.sparsity));
   eo.max_waiting = std::max(eo.max_waiting, a.workload.concurrency);
   Engine engine(*model, eo);
@@ -190,7 +190,7 @@ void run(const BenchArgs& a) {
   if (a.workload_given) return run_workload_bench(a);
   if (a.prompt_tokens <= 0 || a.gen_tokens <= 0) fail("--prompt-tokens and --gen-tokens must be positive");
   if (a.batch <= 0) fail("--batch must be positive");
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   const ModelConfig& c = model->config();
   if (a.fill_context < 0) fail("--fill-context must be >= 0");
   const int64_t total = int64_t(a.fill_context) + a.prompt_tokens + a.gen_tokens;

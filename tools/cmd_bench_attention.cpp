@@ -292,7 +292,7 @@ void print_row(const nlohmann::json& r, bool json) {
 
 QkDump capture(const AttentionBenchArgs& a, const CommonOptions& common) {
   if (common.model_path.empty() || a.text_file.empty()) fail("--dump-qk needs --model and --file");
-  auto model = Model::load(common.model_path, common.tokenizer_path);
+  auto model = load_model(common);
   const Tokenizer& tok = model->require_tokenizer();
   const std::vector<int32_t> tokens = tok.encode(read_text_file(a.text_file, "--file"), tok.add_bos_default());
   ThreadPool pool(thread_count(common));

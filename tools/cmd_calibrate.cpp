@@ -21,7 +21,7 @@ struct CalibrateArgs {
 };
 
 void run(CalibrateArgs a) {
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   const Tokenizer& tok = model->require_tokenizer();
   const std::vector<int32_t> tokens = tok.encode(read_text_file(a.data, "--data"), tok.add_bos_default());
 

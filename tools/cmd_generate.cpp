@@ -49,7 +49,7 @@ class TextPrinter {
 };
 
 void run(const GenerateArgs& a) {
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   const Tokenizer& tok = model->require_tokenizer();
   ThreadPool pool(thread_count(a.common));
   const SparsityOptions sparsity = sparsity_options(a.sparsity);

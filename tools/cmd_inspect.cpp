@@ -8,7 +8,7 @@ namespace kvserve::cli {
 namespace {
 
 void run(const CommonOptions& o) {
-  auto model = Model::load(o.model_path, o.tokenizer_path);
+  auto model = load_model(o);
   const ModelConfig& c = model->config();
   KvCache cache(c, kv_options(o, *model));
   const KvStats kv = cache.stats();
@@ -24,6 +24,7 @@ void run(const CommonOptions& o) {
       {"head_dim", c.head_dim()},
       {"vocab_size", c.vocab_size},
       {"context_length", c.seq_len},
+      {"trained_context_length", model->trained_context_length()},
       {"rope_theta", c.rope_theta},
       {"rope_scaling", c.rope_scaling.describe()},
       {"norm_eps", c.norm_eps},

@@ -21,7 +21,7 @@ struct PerplexityArgs {
 };
 
 void run(const PerplexityArgs& a) {
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   const Tokenizer& tok = model->require_tokenizer();
   const std::vector<int32_t> tokens = tok.encode(read_text_file(a.file, "--file"), tok.add_bos_default());
 

@@ -101,7 +101,7 @@ void run(ServeArgs& a) {
     a.http.served_model_aliases.assign(a.served_model_names.begin() + 1, a.served_model_names.end());
   }
 
-  auto model = Model::load(a.common.model_path, a.common.tokenizer_path);
+  auto model = load_model(a.common);
   EngineOptions eo = engine_options(a.common, a.engine_flags, *model, sparsity_options(a.sparsity));
   // A server shares one cache between many sequences: 1 GiB unless told.
   if (eo.kv.num_blocks == 0 && eo.kv.budget_bytes == 0)

@@ -30,7 +30,7 @@ void run(const TokenizeArgs& a) {
     if (!file.has("tokenizer.ggml.model")) fail("{}: no vocabulary inside; pass --tokenizer PATH", file.path());
     tok.emplace(load_gguf_vocab(file));
   } else {
-    tok.emplace(Model::load(a.common.model_path, a.common.tokenizer_path)->require_tokenizer().vocab());
+    tok.emplace(load_model(a.common)->require_tokenizer().vocab());
   }
   const std::vector<int32_t> ids = tok->encode(read_text_file(a.file, "--file"), !a.no_bos && tok->add_bos_default());
   if (a.common.json) {

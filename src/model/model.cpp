@@ -232,7 +232,33 @@ const Tokenizer& Model::require_tokenizer() const {
   return *tokenizer_;
 }
 
-std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
+bool ModelOverrides::any() const {
+  return context_length || rope_freq_base || rope_scaling || rope_scale || yarn_original_context || yarn_ext_factor ||
+         yarn_attn_factor || yarn_beta_fast || yarn_beta_slow;
+}
+
+void ModelOverrides::apply(ModelConfig& c, const std::string& source) const {
+  const int32_t trained = c.seq_len;
+  RopeScaling& r = c.rope_scaling;
+  if (rope_freq_base) c.rope_theta = *rope_freq_base;
+  // A factor alone stretches as linear, the type llama.cpp assumes when the
+  // file names none.
+  if (rope_scaling) r.type = *rope_scaling;
+  else if (rope_scale && r.type == RopeScalingType::None) r.type = RopeScalingType::Linear;
+  if (rope_scale) r.factor = *rope_scale;
+  if (r.type == RopeScalingType::None) r.factor = 1.0f;
+  if (r.type == RopeScalingType::Yarn && r.original_context == 0) r.original_context = trained;
+  if (yarn_original_context) r.original_context = *yarn_original_context;
+  if (yarn_ext_factor) r.ext_factor = *yarn_ext_factor;
+  if (yarn_attn_factor) r.attn_factor = *yarn_attn_factor;
+  if (yarn_beta_fast) r.beta_fast = *yarn_beta_fast;
+  if (yarn_beta_slow) r.beta_slow = *yarn_beta_slow;
+  if (context_length) c.seq_len = *context_length;
+  c.validate(source);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path,
+                                   const ModelOverrides& overrides) {
   auto model = std::make_unique<Model>();
   model->path_ = path;
   bool gguf = false;
@@ -246,6 +272,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
   } else {
     model->load_llama2c(path);
   }
+  model->trained_context_ = model->config_.seq_len;
+  overrides.apply(model->config_, path);
   model->interleave_weights();
   if (!tokenizer_path.empty()) {
     // A GGUF file can serve as a tokenizer too (a vocab-only GGUF, say).

@@ -61,15 +61,36 @@ struct TensorConversion {
   WeightType to = WeightType::Q8_0;
 };
 
+// What a user may set over a checkpoint's own context and RoPE (llama.cpp's
+// --ctx-size, --rope-freq-base, --rope-scaling, --rope-scale, --yarn-*):
+// running a model past the context it was trained on. Unset fields keep the
+// file's values.
+struct ModelOverrides {
+  std::optional<int32_t> context_length;
+  std::optional<float> rope_freq_base;
+  std::optional<RopeScalingType> rope_scaling;
+  std::optional<float> rope_scale;  // the context factor (frequencies interpolated by 1 / it)
+  std::optional<int32_t> yarn_original_context;
+  std::optional<float> yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+
+  bool any() const;
+  // Applies them to c (loaded from `source`, its seq_len the trained
+  // context) and validates the result; throws kvserve::Error.
+  void apply(ModelConfig& c, const std::string& source) const;
+};
+
 class Model {
  public:
   // Loads a GGUF (by magic) or llama2.c .bin checkpoint. A llama2.c checkpoint
   // has no vocabulary inside: pass its tokenizer .bin as tokenizer_path. For a
   // GGUF, a non-empty tokenizer_path overrides the embedded vocabulary.
   // Throws kvserve::Error on malformed files.
-  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "",
+                                     const ModelOverrides& overrides = {});
 
   const ModelConfig& config() const { return config_; }
+  // The context the file declares; config().seq_len unless overridden.
+  int32_t trained_context_length() const { return trained_context_; }
   const Weights& weights() const { return weights_; }
   CheckpointFormat format() const { return format_; }
   // Null when the checkpoint has no vocabulary and none was given.
@@ -121,6 +142,7 @@ class Model {
 
   std::string path_;
   CheckpointFormat format_ = CheckpointFormat::Gguf;
+  int32_t trained_context_ = 0;
   ModelConfig config_;
   Weights weights_;
   std::optional<Tokenizer> tokenizer_;

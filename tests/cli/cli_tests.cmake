@@ -163,6 +163,31 @@ set_tests_properties(cli.inspect_converted_types_without_interleaving PROPERTIES
 add_test(NAME cli.generate_converted_q4_k COMMAND kvserve generate --model ${Q4K_MODEL} --prompt x --max-tokens 8
   --temperature 0)
 set_tests_properties(cli.generate_converted_q4_k PROPERTIES FIXTURES_REQUIRED q4k_model)
+# RoPE scaling: a Llama 3.1-style file (rope_freqs.weight) loads and runs;
+# the llama.cpp flags stretch a model's context (inspect reports it); a
+# context past the trained one with no scaling runs with a note.
+set(LLAMA3_ROPE_MODEL ${CMAKE_BINARY_DIR}/cli_synth_llama3_rope.gguf)
+add_test(NAME cli.synth_llama3_rope COMMAND kvserve synth --out ${LLAMA3_ROPE_MODEL} --dim 64 --layers 1 --heads 4
+  --kv-heads 2 --ffn 128 --vocab 64 --ctx 256 --weights f32 --rope-scaling llama3 --rope-scale 8 --rope-orig-ctx 32)
+set_tests_properties(cli.synth_llama3_rope PROPERTIES FIXTURES_SETUP llama3_rope_model)
+add_test(NAME cli.inspect_rope_freq_factors COMMAND kvserve inspect --model ${LLAMA3_ROPE_MODEL} --json)
+set_tests_properties(cli.inspect_rope_freq_factors PROPERTIES FIXTURES_REQUIRED llama3_rope_model
+  PASS_REGULAR_EXPRESSION "\"rope_freq_factors\":8,\"rope_scaling\":\"freq factors \\(8\\)\"")
+add_test(NAME cli.generate_rope_freq_factors COMMAND kvserve generate --model ${LLAMA3_ROPE_MODEL} --prompt x
+  --max-tokens 200 --temperature 0)
+set_tests_properties(cli.generate_rope_freq_factors PROPERTIES FIXTURES_REQUIRED llama3_rope_model)
+add_test(NAME cli.inspect_rope_flags COMMAND kvserve inspect --model ${MODELS}/stories260K.gguf --ctx-size 2048
+  --rope-scaling yarn --rope-scale 4 --json)
+set_tests_properties(cli.inspect_rope_flags PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"context_length\":2048,.*\"rope_original_context\":512,\"rope_scaling\":\"yarn x4 \\(original context 512\\)\",.*\"trained_context_length\":512")
+add_test(NAME cli.perplexity_past_trained_context COMMAND kvserve perplexity --model ${MODELS}/stories260K.gguf
+  --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 1024 --chunks 1 --ctx-size 1024 --json)
+set_tests_properties(cli.perplexity_past_trained_context PROPERTIES
+  PASS_REGULAR_EXPRESSION "past the model's trained context of 512 with no RoPE scaling")
+kvserve_error_test(cli.error_rope_scaling_name "--rope-scaling: longrope not in"
+  inspect --model ${MODELS}/stories260K.gguf --rope-scaling longrope)
+kvserve_error_test(cli.error_yarn_ext_factor "--yarn-ext-factor"
+  inspect --model ${MODELS}/stories260K.gguf --yarn-ext-factor 2)
 kvserve_error_test(cli.error_calibration_from_another_model "was measured on another model"
   generate --model ${MODELS}/stories260K.gguf --prompt x --max-tokens 8 --kv-dtype int8
   --kv-calibration ${CMAKE_SOURCE_DIR}/tests/cli/other_model_calibration.json)
