@@ -295,6 +295,10 @@ TEST(RopeScalingModel, OverridesApplyOverTheFile) {
   EXPECT_EQ(ym->config().seq_len, 1024);
   EXPECT_EQ(ym->trained_context_length(), 256);
   EXPECT_EQ(ym->config().rope_scaling.original_context, 256);
+  // A longer run alone is the same model: its KV blocks and calibrations stay valid.
+  ModelOverrides longer_only;
+  longer_only.context_length = 1024;
+  EXPECT_EQ(Model::load(plain, "", longer_only)->fingerprint(), Model::load(plain)->fingerprint());
   y.yarn_original_context = 128;
   EXPECT_EQ(Model::load(plain, "", y)->config().rope_scaling.original_context, 128);
 

@@ -146,8 +146,10 @@ const std::string& Model::fingerprint() const {
   XXH3_state_t* state = XXH3_createState();
   XXH3_128bits_reset(state);
   const ModelConfig& c = config_;
+  // The file's context, not one run with (--ctx-size): the same weights and
+  // rotations make the same KV blocks and calibrations however long the run.
   const std::string shape = fmt::format("{} {} {} {} {} {} {} {} {} {}", c.architecture, c.dim, c.hidden_dim,
-                                        c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
+                                        c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, trained_context_,
                                         c.rope_theta, c.norm_eps);
   XXH3_128bits_update(state, shape.data(), shape.size());
   if (const RopeScaling& r = c.rope_scaling; r.scales()) {  // other rotations, other keys (unscaled: as before)
