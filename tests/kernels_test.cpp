@@ -694,6 +694,32 @@ TEST(VectorOps, RopeTableRotatesQueriesBack) {
   }
 }
 
+// Past RopeTable::kRows a position turns by two rows (a multiple of kRows,
+// then the rest): against the exact rotation in double, it errs no more than
+// the float angle itself can (pos * freq rounded: up to 2^-6 rad here).
+TEST(VectorOps, RopeTablePastItsRowsTurnsByTwo) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int hd = 16, max_pos = 3 * RopeTable::kRows + 100;
+  const RopeTable table(max_pos, hd, 10000.0f);
+  EXPECT_EQ(table.rows(), RopeTable::kRows);
+  for (int pos : {RopeTable::kRows - 1, RopeTable::kRows, RopeTable::kRows + 1, 40000, max_pos - 1}) {
+    std::vector<float> q(hd), k(hd), back(hd);
+    for (auto& x : q) x = normal(rng);
+    for (auto& x : k) x = normal(rng);
+    table.rotate_back(q.data(), 1, pos, back.data());
+    double exact = 0, got = 0, scale = 0;
+    for (int i = 0; i < hd / 2; ++i) {
+      const double angle = double(pos) * std::pow(10000.0, -2.0 * i / hd), c = std::cos(angle), s = std::sin(angle);
+      const double k0 = k[2 * i] * c - k[2 * i + 1] * s, k1 = k[2 * i] * s + k[2 * i + 1] * c;
+      exact += q[2 * i] * k0 + q[2 * i + 1] * k1;
+      scale += std::fabs(q[2 * i]) * std::fabs(k0) + std::fabs(q[2 * i + 1]) * std::fabs(k1);
+    }
+    for (int d = 0; d < hd; ++d) got += double(back[d]) * k[d];
+    EXPECT_NEAR(got, exact, scale / 64) << "pos " << pos;
+  }
+}
+
 TEST(VectorOps, RopeMatchesHandComputedValues) {
   // Two heads of head_dim 4, pos 3, theta 10000. Pair 0: angle 3; pair 1:
   // freq = 10000^(-2/4) = 0.01, angle 0.03.

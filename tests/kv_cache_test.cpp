@@ -162,38 +162,44 @@ TEST(KvCache, WritePlacesTokensInTheirBlockSlot) {
 // RoPE, rotated the rest of the way by their position when stored before it
 // (exactly, or by position mod a span).
 TEST(KvCache, ReadKeysReturnsKeysAfterRope) {
-  const ModelConfig c = stories_shape();
-  const int head_dim = c.head_dim(), n = 10;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist;
-  std::vector<float> raw(size_t(n) * size_t(c.kv_dim())), after = raw, v(size_t(c.kv_dim()));
-  for (float& x : raw) x = dist(rng);
-  for (auto [pre_rope, span] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 4}}) {
-    KvCacheOptions o;
-    o.block_size = 4;
-    o.num_blocks = 8;
-    o.k.pre_rope = pre_rope;
-    o.k.rope_span = span;
-    KvCache cache(c, o);
-    BlockTable t;
-    ASSERT_TRUE(cache.reserve(t, n));
-    for (int p = 0; p < n; ++p) {
-      const size_t at = size_t(p) * size_t(c.kv_dim());
-      std::copy(raw.begin() + long(at), raw.begin() + long(at) + c.kv_dim(), after.begin() + long(at));
-      rope(after.data() + at, c.n_kv_heads, head_dim, p, c.rope_theta);
-      std::vector<float> stored(raw.begin() + long(at), raw.begin() + long(at) + c.kv_dim());
-      if (!pre_rope) stored.assign(after.begin() + long(at), after.begin() + long(at) + c.kv_dim());
-      else rope(stored.data(), c.n_kv_heads, head_dim, p % span, c.rope_theta);
-      for (int l = 0; l < c.n_layers; ++l) cache.write(l, t, p, stored.data(), v.data());
+  ModelConfig yarn = stories_shape();  // and under RoPE scaling: the scaled angles
+  yarn.rope_scaling.type = RopeScalingType::Yarn;
+  yarn.rope_scaling.factor = 4.0f;
+  yarn.rope_scaling.original_context = 64;
+  for (const ModelConfig& c : {stories_shape(), yarn}) {
+    const std::vector<float> freqs = c.rope_frequencies();
+    const int head_dim = c.head_dim(), n = 10;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist;
+    std::vector<float> raw(size_t(n) * size_t(c.kv_dim())), after = raw, v(size_t(c.kv_dim()));
+    for (float& x : raw) x = dist(rng);
+    for (auto [pre_rope, span] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 4}}) {
+      KvCacheOptions o;
+      o.block_size = 4;
+      o.num_blocks = 8;
+      o.k.pre_rope = pre_rope;
+      o.k.rope_span = span;
+      KvCache cache(c, o);
+      BlockTable t;
+      ASSERT_TRUE(cache.reserve(t, n));
+      for (int p = 0; p < n; ++p) {
+        const size_t at = size_t(p) * size_t(c.kv_dim());
+        std::copy(raw.begin() + long(at), raw.begin() + long(at) + c.kv_dim(), after.begin() + long(at));
+        rope(after.data() + at, c.n_kv_heads, head_dim, p, freqs.data());
+        std::vector<float> stored(raw.begin() + long(at), raw.begin() + long(at) + c.kv_dim());
+        if (!pre_rope) stored.assign(after.begin() + long(at), after.begin() + long(at) + c.kv_dim());
+        else rope(stored.data(), c.n_kv_heads, head_dim, p % span, freqs.data());
+        for (int l = 0; l < c.n_layers; ++l) cache.write(l, t, p, stored.data(), v.data());
+      }
+      for (int l = 0; l < c.n_layers; ++l) cache.seal(l, t, n);
+      cache.commit(t, n);
+      std::vector<float> got(size_t(n - 3) * size_t(c.kv_dim()));
+      cache.read_keys(2, t, 3, n, got.data());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], after[size_t(3 * c.kv_dim()) + i], pre_rope ? 1e-5f : 0.0f)
+            << "pre_rope " << pre_rope << " span " << span << " value " << i;
+      cache.release(t);
     }
-    for (int l = 0; l < c.n_layers; ++l) cache.seal(l, t, n);
-    cache.commit(t, n);
-    std::vector<float> got(size_t(n - 3) * size_t(c.kv_dim()));
-    cache.read_keys(2, t, 3, n, got.data());
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_NEAR(got[i], after[size_t(3 * c.kv_dim()) + i], pre_rope ? 1e-5f : 0.0f)
-          << "pre_rope " << pre_rope << " span " << span << " value " << i;
-    cache.release(t);
   }
 }
 

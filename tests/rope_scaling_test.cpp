@@ -81,6 +81,14 @@ TEST(RopeScaling, YarnKeepsFastPairsAndInterpolatesSlowOnes) {
   y.ext_factor = 0.0f;  // no extrapolation: plain interpolation, no log correction
   EXPECT_NEAR(rope_score_scale(y), 0.25, 1e-7);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(rope_frequencies(64, 10000.0f, y, 4096)[size_t(i)], base[size_t(i)] * 0.25f);
+  y.ext_factor = 1.0f;
+  y.factor = 0.5f;  // a compressing factor has no log term (llama.cpp since its PR #17945)
+  EXPECT_NEAR(rope_score_scale(y), 0.25, 1e-7);
+  RopeScaling linear;
+  linear.type = RopeScalingType::Linear;
+  linear.factor = 4.0f;
+  linear.attn_factor = 0.5f;  // attn_factor applies to any type
+  EXPECT_NEAR(rope_score_scale(linear), 0.25, 1e-7);
 }
 
 // Llama 3.1's own numbers: head_dim 128, base 500000, factor 8, low and high
@@ -146,15 +154,17 @@ TEST(RopeScalingModel, LoaderReadsWhatTheConvertersWrite) {
   RopeScaling llama3;
   llama3.freq_factors = llama3_freq_factors(16, 10000.0f, 8.0f, 1.0f, 4.0f, 64);
   RopeScaling y = yarn(4.0f, 64);
-  y.beta_fast = 16.0f;
+  y.attn_factor = 0.75f;  // llama.rope.scaling.attn_factor
   for (const RopeScaling& want : {llama3, y}) {
     const RopeScaling got = tiny_model("read", want)->config().rope_scaling;
     EXPECT_EQ(got.type, want.type);
     EXPECT_EQ(got.factor, want.factor);
     EXPECT_EQ(got.original_context, want.original_context);
-    EXPECT_EQ(got.beta_fast, want.beta_fast);
+    EXPECT_EQ(got.attn_factor, want.attn_factor);
     EXPECT_EQ(got.freq_factors, want.freq_factors);
   }
+  // YaRN without an original context: the file's context, fixed at load.
+  EXPECT_EQ(tiny_model("read_default", yarn(4.0f, 0))->config().rope_scaling.original_context, 256);
   EXPECT_FALSE(tiny_model("plain", RopeScaling{})->config().rope_scaling.scales());
 }
 
@@ -229,9 +239,9 @@ TEST(RopeScalingModel, LinearEqualsUniformFactors) {
   KvCacheOptions kv;
   kv.num_blocks = 32;
   const std::vector<int32_t> tokens = some_tokens(100);
-  EXPECT_EQ(max_difference(logits_of(*tiny_model("linear", linear), kv, tokens, 100),
-                           logits_of(*tiny_model("factors", factors), kv, tokens, 100)),
-            0.0f);
+  const std::vector<float> by_linear = logits_of(*tiny_model("linear", linear), kv, tokens, 100);
+  EXPECT_EQ(max_difference(by_linear, logits_of(*tiny_model("factors", factors), kv, tokens, 100)), 0.0f);
+  EXPECT_GT(max_difference(by_linear, logits_of(*tiny_model("unscaled", RopeScaling{}), kv, tokens, 100)), 1e-2f);
 }
 
 // YaRN with an original context so long that every pair keeps its angle

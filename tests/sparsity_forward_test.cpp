@@ -20,10 +20,18 @@
 namespace kvserve {
 namespace {
 
-class StoriesSparsity : public ::testing::Test {
+// Each test runs on the model as trained and stretched by YaRN x4 (every
+// pair's angle but the fastest ones changed, the queries scaled), so the
+// compaction, span and read-time paths are held to the scaled rotations too.
+class StoriesSparsity : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    model = Model::load(testing_files::kStoriesGguf);
+    ModelOverrides rope;
+    if (std::string(GetParam()) == "yarn4") {
+      rope.rope_scaling = RopeScalingType::Yarn;
+      rope.rope_scale = 4.0f;
+    }
+    model = Model::load(testing_files::kStoriesGguf, "", rope);
     tf = std::make_unique<Transformer>(*model, pool);
     const std::string text =
         "Once upon a time, there was a little dog named Max. He liked to run in the park with his friend Lily. "
@@ -72,6 +80,9 @@ class StoriesSparsity : public ::testing::Test {
   std::vector<int32_t> tokens;
 };
 
+INSTANTIATE_TEST_SUITE_P(Rope, StoriesSparsity, ::testing::Values("unscaled", "yarn4"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
 SparsityOptions policy(const std::string& name, int32_t budget) {
   SparsityOptions o;
   o.policy = name;
@@ -79,7 +90,7 @@ SparsityOptions policy(const std::string& name, int32_t budget) {
   return o;
 }
 
-TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
+TEST_P(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
   ASSERT_GT(tokens.size(), 50u);
   KvCache cache(model->config(), kv_options());
   const std::vector<float> full = decode_all(cache, nullptr);
@@ -93,7 +104,7 @@ TEST_F(StoriesSparsity, PoliciesThatKeepEverythingChangeNothing) {
 // A prefill chunk reads every key whatever a read-time policy would choose
 // for decode, in tiles of tokens as without a policy: one chunk's logits
 // equal a policy-free prefill's, even with a budget far under the chunk.
-TEST_F(StoriesSparsity, PrefillChunksUnderReadTimePoliciesReadEverything) {
+TEST_P(StoriesSparsity, PrefillChunksUnderReadTimePoliciesReadEverything) {
   KvCache cache(model->config(), kv_options());
   auto prefill = [&](SparsityPolicy* p) {
     BlockTable table;
@@ -125,7 +136,7 @@ TEST_F(StoriesSparsity, PrefillChunksUnderReadTimePoliciesReadEverything) {
 // Keys stored before RoPE, or rotated within RoPE spans of 4 or 16 tokens
 // (the int2 presets'), score as keys stored after RoPE: only the rotations'
 // float rounding differs (FP32 keys, so nothing else does).
-TEST_F(StoriesSparsity, KeysBeforeRopeOrInSpansScoreAsKeysAfterRope) {
+TEST_P(StoriesSparsity, KeysBeforeRopeOrInSpansScoreAsKeysAfterRope) {
   KvCache after(model->config(), kv_options());
   const std::vector<float> reference = decode_all(after, nullptr);
   for (int span : {1, 4, 16}) {
@@ -134,7 +145,25 @@ TEST_F(StoriesSparsity, KeysBeforeRopeOrInSpansScoreAsKeysAfterRope) {
   }
 }
 
-TEST_F(StoriesSparsity, CompactionChangesNoLogit) {
+// Read-time policies score keys themselves (read_keys: pre-RoPE keys turned
+// the rest of the way; on_kv: a pre-RoPE key rotated for the policy): over
+// keys before RoPE or in spans they choose what they choose over keys after
+// it, so the logits agree but for the rotations' rounding.
+TEST_P(StoriesSparsity, ReadTimePoliciesChooseAlikeOverKeysBeforeRope) {
+  for (const std::string name : {"topk", "ann"}) {
+    KvCache after(model->config(), kv_options());
+    auto p = make_sparsity_policy(policy(name, 16), after);
+    const std::vector<float> reference = decode_all(after, p.get());
+    EXPECT_NE(reference, decode_all(after, nullptr)) << name;  // the budget does bind
+    for (int span : {1, 16}) {
+      KvCache cache(model->config(), kv_options(true, span));
+      auto q = make_sparsity_policy(policy(name, 16), cache);
+      EXPECT_LE(worst_difference(decode_all(cache, q.get()), reference), 1e-4f) << name << " span " << span;
+    }
+  }
+}
+
+TEST_P(StoriesSparsity, CompactionChangesNoLogit) {
   // Evicted slots are masked at once; compacting them after every eviction
   // (slack 1) or never (slack larger than the text) must not change the
   // logits: moved tokens keep their positions, scores and bytes (keys in
@@ -165,7 +194,7 @@ TEST_F(StoriesSparsity, CompactionChangesNoLogit) {
 // So when compaction runs (every eviction, or never: the slack, by default
 // a block) changes no logit; with slot positions a helper measured sinks'
 // perplexity move from 4.797 (1-token blocks) to 4.778 (64-token blocks).
-TEST_F(StoriesSparsity, CachePositionsDoNotDependOnWhenCompactionRuns) {
+TEST_P(StoriesSparsity, CachePositionsDoNotDependOnWhenCompactionRuns) {
   for (int span : {1, 16}) {
     KvCache cache(model->config(), kv_options(true, span));
     SparsityOptions sinks = policy("sinks", 12), h2o = policy("h2o", 12);
@@ -207,7 +236,7 @@ class SpyPolicy final : public SparsityPolicy {
   int n_kv_heads_;
 };
 
-TEST_F(StoriesSparsity, AttentionWeightsReachThePolicy) {
+TEST_P(StoriesSparsity, AttentionWeightsReachThePolicy) {
   KvCache cache(model->config(), kv_options());
   SpyPolicy spy(model->config().n_kv_heads);
   BlockTable table;
@@ -226,7 +255,7 @@ TEST_F(StoriesSparsity, AttentionWeightsReachThePolicy) {
   cache.release(table);
 }
 
-TEST_F(StoriesSparsity, SinksGenerateFarPastTheContextLength) {
+TEST_P(StoriesSparsity, SinksGenerateFarPastTheContextLength) {
   // Positions within the cache: generation goes on past the 512-token
   // context with finite logits and in-vocabulary tokens, in bounded memory.
   KvCacheOptions o = kv_options(true);
@@ -264,7 +293,7 @@ TEST_F(StoriesSparsity, SinksGenerateFarPastTheContextLength) {
 // rotations; keys in RoPE spans keep their stored rotation, so a moved key
 // can sit below it (the query is then rotated forward). Both storages give
 // the same logits all the way past the eviction and compaction.
-TEST_F(StoriesSparsity, SinksOverKeysInSpansMatchKeysBeforeRope) {
+TEST_P(StoriesSparsity, SinksOverKeysInSpansMatchKeysBeforeRope) {
   std::vector<float> runs[2];
   for (int span : {1, 16}) {
     KvCacheOptions o = kv_options(true, span);
@@ -290,7 +319,7 @@ TEST_F(StoriesSparsity, SinksOverKeysInSpansMatchKeysBeforeRope) {
   EXPECT_LE(worst_difference(runs[0], runs[1]), 1e-4f);
 }
 
-TEST_F(StoriesSparsity, EvictingGenerationFreesBlocks) {
+TEST_P(StoriesSparsity, EvictingGenerationFreesBlocks) {
   KvCacheOptions o = kv_options();
   KvCache cache(model->config(), o);
   GenerateOptions g;
@@ -322,7 +351,7 @@ TEST_F(StoriesSparsity, EvictingGenerationFreesBlocks) {
 // failed mid-prefill ("sequence of N tokens exceeds the model's context
 // length"); generate() now writes such prompts in smaller chunks, and a
 // budget that leaves no room for a new token is refused before any work.
-TEST_F(StoriesSparsity, SinksNearTheContextShrinkPromptChunksToFit) {
+TEST_P(StoriesSparsity, SinksNearTheContextShrinkPromptChunksToFit) {
   KvCacheOptions o = kv_options(true);
   o.num_blocks = 64;
   KvCache cache(model->config(), o);
@@ -344,7 +373,7 @@ TEST_F(StoriesSparsity, SinksNearTheContextShrinkPromptChunksToFit) {
                                          "leaves no room in the context length");
 }
 
-TEST_F(StoriesSparsity, StreamingPerplexityWithFullEqualsThePlainProtocol) {
+TEST_P(StoriesSparsity, StreamingPerplexityWithFullEqualsThePlainProtocol) {
   std::ifstream in(testing_files::kTinyStories);
   std::stringstream text;
   text << in.rdbuf();

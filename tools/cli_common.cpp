@@ -139,7 +139,8 @@ void add_common_options(CLI::App& cmd, CommonOptions& o, bool model_required) {
       ->check(CLI::Range(1, 1 << 30));
   cmd.add_option("--yarn-ext-factor", mo.yarn_ext_factor, "YaRN: extrapolation mix, 0..1 (default 1)")
       ->check(finite_in(0, 1));
-  cmd.add_option("--yarn-attn-factor", mo.yarn_attn_factor, "YaRN: attention magnitude factor (default 1)")
+  cmd.add_option("--yarn-attn-factor", mo.yarn_attn_factor,
+                 "RoPE magnitude factor on q and k, any scaling; YaRN adds its log term (default: the file's, else 1)")
       ->check(finite_in(0, 1e6, true));
   cmd.add_option("--yarn-beta-fast", mo.yarn_beta_fast, "YaRN: low correction dimension (default 32)")
       ->check(finite_in(0, 1e6, true));
@@ -159,9 +160,11 @@ ModelOverrides model_overrides(const CommonOptions& o) {
 std::unique_ptr<Model> load_model(const CommonOptions& o) {
   auto model = Model::load(o.model_path, o.tokenizer_path, model_overrides(o));
   const ModelConfig& c = model->config();
-  if (c.seq_len > model->trained_context_length() && !c.rope_scaling.scales())
+  // The file's own scaling already covers its declared context; past that,
+  // only a scaling given here stretches further.
+  if (c.seq_len > model->trained_context_length() && !o.model_overrides.rope_scale && o.rope_scaling.empty())
     std::fprintf(stderr,
-                 "kvserve: note: --ctx-size %d is past the model's trained context of %d with no RoPE scaling "
+                 "kvserve: note: --ctx-size %d is past the model's context of %d with no RoPE scaling given "
                  "(--rope-scaling, --rope-scale): positions past it were never trained\n",
                  c.seq_len, model->trained_context_length());
   return model;

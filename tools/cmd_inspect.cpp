@@ -49,10 +49,8 @@ void run(const CommonOptions& o) {
   if (const RopeScaling& r = c.rope_scaling; r.scales()) {
     j["rope_scaling_type"] = rope_scaling_name(r.type);
     j["rope_scaling_factor"] = r.factor;
-    if (r.type == RopeScalingType::Yarn) {
-      j["rope_original_context"] = r.original_context > 0 ? r.original_context : c.seq_len;
-      j["rope_score_scale"] = rope_score_scale(r);
-    }
+    if (r.type == RopeScalingType::Yarn) j["rope_original_context"] = r.original_context > 0 ? r.original_context : c.seq_len;
+    j["rope_score_scale"] = rope_score_scale(r);
     j["rope_freq_factors"] = r.freq_factors.size();
   }
   if (o.json) {

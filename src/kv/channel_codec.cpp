@@ -589,7 +589,7 @@ class ChannelCodec final : public KvCodec {
   bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                      const RopeTable& rope, float* scores, int stride) const override {
 #if defined(__AVX512F__)
-    if (!simd_ || channel_major_ || rope.head_dim() != shape_.head_dim || rope.max_pos() < shape_.block_size)
+    if (!simd_ || channel_major_ || rope.head_dim() != shape_.head_dim || rope.rows() < shape_.block_size)
       return false;
     const float* rot = rope_rows_.get(rope, shape_.block_size);
     if (rot == nullptr) return false;

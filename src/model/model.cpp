@@ -255,6 +255,11 @@ void ModelOverrides::apply(ModelConfig& c, const std::string& source) const {
   if (yarn_attn_factor) r.attn_factor = *yarn_attn_factor;
   if (yarn_beta_fast) r.beta_fast = *yarn_beta_fast;
   if (yarn_beta_slow) r.beta_slow = *yarn_beta_slow;
+  // The ramp's knobs mean nothing without YaRN: refused, not ignored.
+  if ((yarn_original_context || yarn_ext_factor || yarn_beta_fast || yarn_beta_slow) && r.type != RopeScalingType::Yarn)
+    fail("{}: --yarn-orig-ctx, --yarn-ext-factor and --yarn-beta-* apply to YaRN only; this model's RoPE scaling is "
+         "{} (add --rope-scaling yarn)",
+         source, rope_scaling_name(r.type));
   if (context_length) c.seq_len = *context_length;
   c.validate(source);
 }
@@ -330,7 +335,8 @@ void Model::interleave_weights() {
 }
 
 // RoPE scaling as llama.cpp reads it from a `llama` GGUF: a factor with no
-// type means linear (its default type), "none" never scales, and
+// type means linear (its default type), "none" never scales, attn_factor
+// scales the magnitude for any type, and
 // rope_freqs.weight (Llama 3.1's per-pair divisors) applies whatever the
 // type. Another type (longrope, ...) is refused: ignored, the model would
 // run with wrong rotations past its first positions.
@@ -353,11 +359,12 @@ static RopeScaling read_rope_scaling(const GgufFile& f, const std::string& path,
     if (original <= 0 || original > (int64_t(1) << 30))
       fail("{}: llama.rope.scaling.original_context_length = {} is out of range", path, original);
     s.original_context = int32_t(original);
-    s.ext_factor = float(f.get_float_or("llama.rope.scaling.yarn_ext_factor", 1.0));
-    s.attn_factor = float(f.get_float_or("llama.rope.scaling.yarn_attn_factor", 1.0));
-    s.beta_fast = float(f.get_float_or("llama.rope.scaling.yarn_beta_fast", 32.0));
-    s.beta_slow = float(f.get_float_or("llama.rope.scaling.yarn_beta_slow", 1.0));
+    // The yarn_* keys are left alone, as llama.cpp's llama loader leaves
+    // them (its converter writes Hugging Face's whole mscale into
+    // yarn_attn_factor, which read here would apply the log term twice):
+    // ext_factor 1 and betas 32 / 1, or the --yarn-* flags.
   }
+  s.attn_factor = float(f.get_float_or("llama.rope.scaling.attn_factor", 1.0));  // every type, as llama.cpp
   if (f.find_tensor("rope_freqs.weight") != nullptr) {
     const float* v = f.vector_f32("rope_freqs.weight", head_dim / 2);
     s.freq_factors.assign(v, v + head_dim / 2);

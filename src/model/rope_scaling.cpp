@@ -30,6 +30,7 @@ std::string RopeScaling::describe() const {
   if (type != RopeScalingType::None) out += fmt::format(" x{}", factor);
   if (type == RopeScalingType::Yarn && original_context > 0)
     out += fmt::format(" (original context {})", original_context);
+  if (attn_factor != 1.0f) out += fmt::format(", attn factor {}", attn_factor);
   if (!freq_factors.empty())
     out = (type == RopeScalingType::None ? std::string() : out + ", ") +
           fmt::format("freq factors ({})", freq_factors.size());
@@ -41,10 +42,10 @@ void RopeScaling::validate(const std::string& source, int head_dim) const {
     if (!(v > 0.0f) || !std::isfinite(v)) fail("{}: RoPE scaling {} = {} must be positive and finite", source, name, v);
   };
   if (type != RopeScalingType::None) finite_positive("factor", factor);
+  finite_positive("attn_factor", attn_factor);
   if (type == RopeScalingType::Yarn) {
     finite_positive("beta_fast", beta_fast);
     finite_positive("beta_slow", beta_slow);
-    finite_positive("attn_factor", attn_factor);
     if (!(ext_factor >= 0.0f && ext_factor <= 1.0f))
       fail("{}: RoPE scaling ext_factor = {} is out of range (0..1)", source, ext_factor);
     if (original_context < 0) fail("{}: RoPE scaling original context {} is negative", source, original_context);
@@ -88,9 +89,9 @@ std::vector<float> rope_frequencies(int head_dim, float theta, const RopeScaling
 }
 
 float rope_score_scale(const RopeScaling& s) {
-  if (s.type != RopeScalingType::Yarn) return 1.0f;
   float mscale = s.attn_factor;
-  if (s.ext_factor != 0.0f) mscale *= 1.0f + 0.1f * std::log(s.factor);
+  if (s.type == RopeScalingType::Yarn && s.ext_factor != 0.0f && s.factor > 1.0f)
+    mscale *= 1.0f + 0.1f * std::log(s.factor);
   return mscale * mscale;
 }
 

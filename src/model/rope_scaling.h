@@ -27,14 +27,16 @@ struct RopeScaling {
   // places its ramp (0: the model's context length).
   int32_t original_context = 0;
   float ext_factor = 1.0f;   // YaRN: weight of the unstretched angle where the ramp keeps it
-  float attn_factor = 1.0f;  // YaRN: magnitude factor before the log correction
+  // Magnitude factor on cos and sin (llama.rope.scaling.attn_factor), any
+  // type; YaRN multiplies in its own log correction (rope_score_scale).
+  float attn_factor = 1.0f;
   float beta_fast = 32.0f;   // YaRN: pairs turning more than this often over the original context keep their angle
   float beta_slow = 1.0f;    // ... and pairs turning less than this often are fully interpolated
   // Per pair: divides the pair's frequency (rope_freqs.weight); empty: none.
   std::vector<float> freq_factors;
 
   // Whether any of the above changes a rotation or a score.
-  bool scales() const { return type != RopeScalingType::None || !freq_factors.empty(); }
+  bool scales() const { return type != RopeScalingType::None || !freq_factors.empty() || attn_factor != 1.0f; }
   // E.g. "none", "linear x4", "yarn x4 (original context 4096)", "freq factors (64)".
   std::string describe() const;
   // Throws kvserve::Error naming the first bad field. head_dim: of the model.
@@ -45,8 +47,11 @@ struct RopeScaling {
 // head_dim), with the float expression rope() always used.
 std::vector<float> rope_frequencies(int head_dim, float theta, const RopeScaling& s, int32_t context_length);
 
-// The factor YaRN's magnitude correction puts on every attention score
-// (llama.cpp scales cos and sin by mscale, so q.k by mscale^2); 1 otherwise.
+// The factor the magnitude correction puts on every attention score:
+// llama.cpp scales cos and sin of q and k by mscale, so q.k by mscale^2.
+// mscale = attn_factor, times YaRN's 1 + 0.1 ln(factor) where it
+// extrapolates (ext_factor > 0) and stretches (factor > 1): llama.cpp's rule
+// since its PR #17945; before it, a factor under 1 shrank the scores.
 float rope_score_scale(const RopeScaling& s);
 
 // Llama 3.1's frequency divisors (its HF config's rope_type "llama3"), as

@@ -86,11 +86,10 @@ void write_synthetic_gguf(const std::string& path, const SyntheticModelOptions& 
   if (rs.type == RopeScalingType::Yarn) {
     if (rs.original_context > 0) w.set_u32("llama.rope.scaling.original_context_length", uint32_t(rs.original_context));
     const RopeScaling defaults;
-    if (rs.ext_factor != defaults.ext_factor) w.set_f32("llama.rope.scaling.yarn_ext_factor", rs.ext_factor);
-    if (rs.attn_factor != defaults.attn_factor) w.set_f32("llama.rope.scaling.yarn_attn_factor", rs.attn_factor);
-    if (rs.beta_fast != defaults.beta_fast) w.set_f32("llama.rope.scaling.yarn_beta_fast", rs.beta_fast);
-    if (rs.beta_slow != defaults.beta_slow) w.set_f32("llama.rope.scaling.yarn_beta_slow", rs.beta_slow);
+    if (rs.ext_factor != defaults.ext_factor || rs.beta_fast != defaults.beta_fast || rs.beta_slow != defaults.beta_slow)
+      fail("synth: YaRN's ext_factor and betas have no key a llama GGUF reads");
   }
+  if (rs.attn_factor != 1.0f) w.set_f32("llama.rope.scaling.attn_factor", rs.attn_factor);
 
   // Placeholder vocabulary: the special tokens, then pieces "▁t<i>".
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};

@@ -24,8 +24,9 @@ struct SyntheticModelOptions {
   // exactness, for comparing a converted load with plain floats.
   bool write_dequantized = false;
   uint64_t seed = 1;
-  // Written as llama.cpp's converter writes it: the type, factor and YaRN
-  // keys for linear and yarn; freq_factors as rope_freqs.weight.
+  // Written as llama.cpp's converter writes it: the type and factor (and
+  // original context) for linear and yarn, attn_factor, and freq_factors as
+  // rope_freqs.weight.
   RopeScaling rope_scaling;
 };
 

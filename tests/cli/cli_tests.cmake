@@ -183,7 +183,7 @@ set_tests_properties(cli.inspect_rope_flags PROPERTIES PASS_REGULAR_EXPRESSION
 add_test(NAME cli.perplexity_past_trained_context COMMAND kvserve perplexity --model ${MODELS}/stories260K.gguf
   --file ${KVSERVE_SHARED_DIR}/data/tinystories_train_head.txt --ctx 1024 --chunks 1 --ctx-size 1024 --json)
 set_tests_properties(cli.perplexity_past_trained_context PROPERTIES
-  PASS_REGULAR_EXPRESSION "past the model's trained context of 512 with no RoPE scaling")
+  PASS_REGULAR_EXPRESSION "past the model's context of 512 with no RoPE scaling given")
 kvserve_error_test(cli.error_rope_scaling_name "--rope-scaling: longrope not in"
   inspect --model ${MODELS}/stories260K.gguf --rope-scaling longrope)
 kvserve_error_test(cli.error_yarn_ext_factor "--yarn-ext-factor"
