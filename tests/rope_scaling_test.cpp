@@ -326,6 +326,10 @@ TEST(RopeScalingModel, OverridesApplyOverTheFile) {
   bad.yarn_ext_factor = 3.0f;
   bad.rope_scaling = RopeScalingType::Yarn;
   expect_error_containing([&] { (void)Model::load(plain, "", bad); }, "ext_factor = 3 is out of range");
+  ModelOverrides ramp_without_yarn;  // the ramp's knobs on a linear stretch: refused, not ignored
+  ramp_without_yarn.rope_scale = 2.0f;
+  ramp_without_yarn.yarn_beta_fast = 16.0f;
+  expect_error_containing([&] { (void)Model::load(plain, "", ramp_without_yarn); }, "apply to YaRN only");
 }
 
 TEST(RopeScalingModel, FingerprintNamesTheScaling) {
