@@ -13,6 +13,7 @@
 #include "kernels/vector_ops.h"
 #include "model/model.h"
 #include "model/synthetic_model.h"
+#include "chunked_logits.h"
 #include "test_support.h"
 
 namespace kvserve {
@@ -174,20 +175,7 @@ std::vector<float> logits_of(const Model& model, const KvCacheOptions& kv, const
   ThreadPool pool(2);
   Transformer tf(model, pool);
   KvCache cache(model.config(), kv);
-  BlockTable table;
-  std::vector<BatchEntry> batch(1);
-  batch[0].table = &table;
-  batch[0].all_logits = true;
-  std::vector<float> all;
-  Logits logits;
-  for (size_t done = 0; done < tokens.size(); done += chunk) {
-    const size_t n = std::min(chunk, tokens.size() - done);
-    EXPECT_TRUE(cache.reserve(table, int32_t(n)));
-    batch[0].tokens = std::span<const int32_t>(tokens.data() + done, n);
-    tf.forward(batch, cache, logits);
-    all.insert(all.end(), logits.values.begin(), logits.values.end());
-  }
-  return all;
+  return testing_files::chunked_logits(tf, cache, tokens, chunk);
 }
 
 float max_difference(const std::vector<float>& a, const std::vector<float>& b) {

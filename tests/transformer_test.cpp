@@ -11,6 +11,7 @@
 
 #include "engine/sampler.h"
 #include "fault_injection.h"
+#include "chunked_logits.h"
 #include "greedy_alone.h"
 #include "kernels/interleaved_weights.h"
 #include "kv/kv_spec.h"
@@ -25,21 +26,7 @@ const std::string kModels = std::string(KVSERVE_SOURCE_DIR) + "/models";
 
 // Logits of every position of `tokens`, run in chunks of `chunk` tokens.
 std::vector<float> run(Transformer& tf, KvCache& cache, const std::vector<int32_t>& tokens, size_t chunk) {
-  BlockTable table;
-  std::vector<BatchEntry> batch(1);
-  batch[0].table = &table;
-  batch[0].all_logits = true;
-  std::vector<float> all;
-  Logits logits;
-  for (size_t done = 0; done < tokens.size(); done += chunk) {
-    const size_t n = std::min(chunk, tokens.size() - done);
-    EXPECT_TRUE(cache.reserve(table, int32_t(n)));
-    batch[0].tokens = std::span<const int32_t>(tokens.data() + done, n);
-    tf.forward(batch, cache, logits);
-    all.insert(all.end(), logits.values.begin(), logits.values.end());
-  }
-  cache.release(table);
-  return all;
+  return testing_files::chunked_logits(tf, cache, tokens, chunk);
 }
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b, float tol) {
