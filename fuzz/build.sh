@@ -15,7 +15,8 @@ mkdir -p "$out"
 srcs=(
   src/model/gguf_reader.cpp src/model/model.cpp src/model/model_config.cpp
   src/model/tokenizer.cpp src/model/unicode_text.cpp src/model/gguf_writer.cpp
-  src/model/synthetic_model.cpp src/model/ggml_dequantize.cpp src/model/ggml_quantize.cpp src/util/mapped_file.cpp
+  src/model/synthetic_model.cpp src/model/ggml_dequantize.cpp src/model/ggml_quantize.cpp src/model/rope_scaling.cpp
+  src/util/mapped_file.cpp src/kernels/vector_ops.cpp
   src/kernels/weight_matrix.cpp src/kernels/weight_quantize.cpp
   src/kernels/interleaved_weights.cpp src/kernels/quantize_q8.cpp src/util/thread_pool.cpp
 )

@@ -195,6 +195,26 @@ void write_seeds(const std::string& source_dir, const std::filesystem::path& out
     o.weights = t;
     write_synthetic_gguf((gguf / ("synthetic_" + ggml_type_name(uint32_t(t)) + ".gguf")).string(), o);
   }
+  // RoPE scaling: Llama 3.1's rope_freqs.weight, and the linear and YaRN keys.
+  {
+    SyntheticModelOptions o;
+    o.dim = 32;
+    o.hidden_dim = 32;
+    o.n_layers = 1;
+    o.n_heads = 2;
+    o.n_kv_heads = 1;
+    o.vocab_size = 8;
+    o.seq_len = 64;
+    o.weights = GgmlType::F32;
+    o.rope_scaling.freq_factors = llama3_freq_factors(16, 10000.0f, 8.0f, 1.0f, 4.0f, 16);
+    write_synthetic_gguf((gguf / "synthetic_rope_freqs.gguf").string(), o);
+    o.rope_scaling.freq_factors.clear();
+    o.rope_scaling.type = RopeScalingType::Yarn;
+    o.rope_scaling.factor = 4.0f;
+    o.rope_scaling.original_context = 16;
+    o.rope_scaling.attn_factor = 0.9f;
+    write_synthetic_gguf((gguf / "synthetic_rope_yarn.gguf").string(), o);
+  }
   // The real GGUF's header and vocabulary, without most tensor data.
   write_file(gguf / "stories260K_head.gguf", read_prefix(source_dir + "/models/stories260K.gguf", 16384));
   write_file(llama2c / "tiny.bin", tiny_llama2c());
