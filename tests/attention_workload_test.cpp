@@ -78,6 +78,16 @@ TEST(AttentionWorkload, RealConcatenatesHeadsDropsRepeatedBosAndMovesToSequenceP
       EXPECT_EQ(std::vector<float>(w.query(i) + g * 8, w.query(i) + g * 8 + 8), q) << "step " << i << " member " << g;
     }
   ASSERT_EQ(w.prompt_queries.size(), size_t(20) * 8);
+
+  // A dump of a RoPE-scaled model re-places its keys by the model's angles.
+  QkDump scaled = d;
+  scaled.rope_freqs = {0.5f, 0.03f};
+  const AttentionWorkload ws = workload_from_dump(scaled, s);
+  for (int64_t i = 8; i < 20; ++i) {
+    std::vector<float> key = concat(2e6f, token_of[i], 0);
+    rope(key.data(), 2, 4, int(i - token_of[i] % 8), scaled.rope_freqs.data());
+    EXPECT_EQ(std::vector<float>(ws.keys.begin() + i * 8, ws.keys.begin() + (i + 1) * 8), key) << "key " << i;
+  }
 }
 
 TEST(AttentionWorkload, BadShapesGetClearErrors) {

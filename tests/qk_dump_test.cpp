@@ -43,8 +43,8 @@ TEST(QkDump, RoundTripsExactly) {
   const QkDump d = small_dump();
   const std::string path = temp_path("round_trip.qk");
   write_qk_dump(path, d);
-  // 44-byte header + (2*4 + 2*2*2) * 10 tokens * 8 dims floats.
-  EXPECT_EQ(read_all(path).size(), 44u + size_t(2 * 4 + 2 * 2 * 2) * 10 * 8 * 4);
+  // 44-byte header, 4 RoPE frequencies, (2*4 + 2*2*2) * 10 tokens * 8 dims floats.
+  EXPECT_EQ(read_all(path).size(), 44u + 4 * 4 + size_t(2 * 4 + 2 * 2 * 2) * 10 * 8 * 4);
   const QkDump r = read_qk_dump(path);
   EXPECT_EQ(r.n_layers, 2);
   EXPECT_EQ(r.n_heads, 4);
@@ -52,6 +52,7 @@ TEST(QkDump, RoundTripsExactly) {
   EXPECT_EQ(r.head_dim, 8);
   EXPECT_EQ(r.chunk, 5);
   EXPECT_EQ(r.rope_theta, 500.0f);
+  EXPECT_EQ(r.rope_freqs, unscaled_rope_frequencies(8, 500.0f));  // none given: the base's
   EXPECT_EQ(r.n_tokens, 10);
   EXPECT_EQ(r.q, d.q);
   EXPECT_EQ(r.k, d.k);
@@ -59,6 +60,26 @@ TEST(QkDump, RoundTripsExactly) {
   // (layer, head, token, dim): layer 1, head 3, token 0 starts after 7 heads of 10 tokens.
   EXPECT_EQ(r.queries(1, 3)[0], 0.5f + 7 * 10 * 8);
   EXPECT_EQ(r.keys(1, 0)[8], -100.25f + 2 * 10 * 8 + 8);
+  std::remove(path.c_str());
+}
+
+// A scaled model's angles travel with the dump; a version 1 file (no
+// frequencies) reads as unscaled RoPE of its base.
+TEST(QkDump, CarriesTheRopeFrequencies) {
+  QkDump d = small_dump();
+  d.rope_freqs = {1.0f, 0.5f, 0.125f, 0.01f};
+  const std::string path = temp_path("freqs.qk");
+  write_qk_dump(path, d);
+  EXPECT_EQ(read_qk_dump(path).rope_freqs, d.rope_freqs);
+  std::string v1 = read_all(path);
+  v1[8] = 1;
+  v1.erase(44, 16);
+  write_all(path, v1);
+  const QkDump r = read_qk_dump(path);
+  EXPECT_EQ(r.rope_freqs, unscaled_rope_frequencies(8, 500.0f));
+  EXPECT_EQ(r.q, d.q);
+  d.rope_freqs.pop_back();
+  expect_error_containing([&] { write_qk_dump(path, d); }, "3 RoPE frequencies for head_dim 8");
   std::remove(path.c_str());
 }
 
@@ -75,9 +96,9 @@ TEST(QkDump, BadFilesGetClearErrors) {
   write_all(path, bad);
   expect_error_containing([&] { (void)read_qk_dump(path); }, "bad magic");
   bad = good;
-  bad[8] = 2;  // version
+  bad[8] = 3;  // version
   write_all(path, bad);
-  expect_error_containing([&] { (void)read_qk_dump(path); }, "version 2 is not supported");
+  expect_error_containing([&] { (void)read_qk_dump(path); }, "version 3 is not supported");
   bad = good;
   bad[16] = 0;  // n_heads = 0
   write_all(path, bad);
@@ -122,6 +143,7 @@ TEST(QkCapture, KeysAreTheCachesAndQueriesTheModels) {
   ASSERT_EQ(d.n_layers, c.n_layers);
   ASSERT_EQ(d.head_dim, c.head_dim());
   ASSERT_EQ(d.rope_theta, c.rope_theta);
+  ASSERT_EQ(d.rope_freqs, c.rope_frequencies());
   const int hd = d.head_dim;
 
   // Chunk 1 again, by hand: the cache's FP32 keys must equal the dump's.

@@ -121,8 +121,11 @@ AttentionWorkload workload_from_dump(const QkDump& d, const WorkloadShape& s) {
   // Row i of the sequence moves from its chunk position to position i:
   // rotations compose, so rotating by i − (chunk position) re-places it.
   // i >= its chunk position, since at most one token per chunk is dropped.
+  // By the model's own angles (a dump built in memory may give only the base).
+  const std::vector<float> freqs =
+      d.rope_freqs.empty() ? unscaled_rope_frequencies(d.head_dim, d.rope_theta) : d.rope_freqs;
   auto place = [&](float* row, int64_t i, int64_t t) {
-    rope(row, parts, d.head_dim, int(i - t % d.chunk), d.rope_theta);
+    rope(row, parts, d.head_dim, int(i - t % d.chunk), freqs.data());
   };
   for (int64_t i = 0; i < s.n_keys; ++i) {
     const int64_t t = tokens[size_t(i)];

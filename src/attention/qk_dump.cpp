@@ -1,16 +1,18 @@
 #include "attention/qk_dump.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
+#include "kernels/vector_ops.h"
 #include "util/error.h"
 
 namespace kvserve {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'Q', 'K', 'D', 'U', 'M', 'P'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderBytes = 8 + 4 + 5 * 4 + 4 + 8;
+constexpr uint32_t kVersion = 2;
+constexpr size_t kHeaderBytes = 8 + 4 + 5 * 4 + 4 + 8;  // version 1's; version 2 adds rope_freqs
 
 // Floats of q, then of k (= of v), for a header; fails when the shape is
 // implausible or would overflow.
@@ -40,6 +42,9 @@ void write_qk_dump(const std::string& path, const QkDump& d) {
   if (d.q.size() != nq || d.k.size() != nk || d.v.size() != nk)
     fail("qk dump: buffers do not match the shape (q {} of {}, k {} and v {} of {} floats)", d.q.size(), nq,
          d.k.size(), d.v.size(), nk);
+  const std::vector<float> freqs = d.rope_freqs.empty() ? unscaled_rope_frequencies(d.head_dim, d.rope_theta) : d.rope_freqs;
+  if (freqs.size() != size_t(d.head_dim / 2))
+    fail("qk dump: {} RoPE frequencies for head_dim {}", freqs.size(), d.head_dim);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail("cannot write '{}'", path);
   const int32_t fields[] = {d.n_layers, d.n_heads, d.n_kv_heads, d.head_dim, d.chunk};
@@ -48,6 +53,7 @@ void write_qk_dump(const std::string& path, const QkDump& d) {
   out.write(reinterpret_cast<const char*>(fields), sizeof(fields));
   out.write(reinterpret_cast<const char*>(&d.rope_theta), 4);
   out.write(reinterpret_cast<const char*>(&d.n_tokens), 8);
+  out.write(reinterpret_cast<const char*>(freqs.data()), std::streamsize(freqs.size() * sizeof(float)));
   for (const auto* buf : {&d.q, &d.k, &d.v})
     out.write(reinterpret_cast<const char*>(buf->data()), std::streamsize(buf->size() * sizeof(float)));
   if (!out) fail("failed writing '{}' (disk full?)", path);
@@ -69,7 +75,8 @@ QkDump read_qk_dump(const std::string& path) {
   in.read(reinterpret_cast<char*>(&d.rope_theta), 4);
   in.read(reinterpret_cast<char*>(&d.n_tokens), 8);
   if (std::memcmp(magic, kMagic, 8) != 0) fail("'{}' is not a qk dump (bad magic)", path);
-  if (version != kVersion) fail("'{}': qk dump version {} is not supported (expected {})", path, version, kVersion);
+  if (version != 1 && version != kVersion)
+    fail("'{}': qk dump version {} is not supported (expected 1 or {})", path, version, kVersion);
   d.n_layers = fields[0];
   d.n_heads = fields[1];
   d.n_kv_heads = fields[2];
@@ -77,11 +84,20 @@ QkDump read_qk_dump(const std::string& path) {
   d.chunk = fields[4];
   if (!(d.rope_theta > 0.0f)) fail("'{}': RoPE base {} is not positive", path, d.rope_theta);
   const auto [nq, nk] = float_counts(d);
-  const uint64_t expected = kHeaderBytes + (nq + 2 * nk) * sizeof(float);
+  const uint64_t pairs = version == 1 ? 0 : uint64_t(d.head_dim / 2);
+  const uint64_t expected = kHeaderBytes + (pairs + nq + 2 * nk) * sizeof(float);
   if (file_bytes != expected)
     fail("'{}': qk dump holds {} bytes but its header describes {} (truncated or corrupt)", path, file_bytes, expected);
   if (d.n_heads % d.n_kv_heads != 0)
     fail("'{}': {} query heads are not a multiple of {} KV heads", path, d.n_heads, d.n_kv_heads);
+  if (version == 1) {
+    d.rope_freqs = unscaled_rope_frequencies(d.head_dim, d.rope_theta);
+  } else {
+    d.rope_freqs.resize(size_t(pairs));
+    in.read(reinterpret_cast<char*>(d.rope_freqs.data()), std::streamsize(pairs * sizeof(float)));
+    for (float f : d.rope_freqs)
+      if (!std::isfinite(f)) fail("'{}': RoPE frequency {} is not finite", path, f);
+  }
   d.allocate();
   for (auto* buf : {&d.q, &d.k, &d.v})
     in.read(reinterpret_cast<char*>(buf->data()), std::streamsize(buf->size() * sizeof(float)));

@@ -4,11 +4,14 @@
 //
 // File layout (little-endian):
 //   magic      8 bytes "KVQKDUMP"
-//   version    u32 = 1
+//   version    u32 = 2 (1 is read too: no rope_freqs, RoPE unscaled)
 //   n_layers, n_heads, n_kv_heads, head_dim, chunk   5 × i32
 //   rope_theta f32  the model's RoPE base (interleaved pairs, as rope())
 //   n_tokens   i64  tokens per head
-//   q          f32 (n_layers, n_heads, n_tokens, head_dim)     after RoPE
+//   rope_freqs f32 (head_dim / 2)  RoPE's angle per position of each pair,
+//                   the model's scaling applied (version 2)
+//   q          f32 (n_layers, n_heads, n_tokens, head_dim)     after RoPE (and
+//                                                               YaRN's score factor)
 //   k          f32 (n_layers, n_kv_heads, n_tokens, head_dim)  after RoPE
 //   v          f32 (n_layers, n_kv_heads, n_tokens, head_dim)
 // Tokens come in chunks of `chunk` run as separate sequences: token t sat at
@@ -25,6 +28,7 @@ struct QkDump {
   int32_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int32_t chunk = 0;     // tokens per captured sequence
   float rope_theta = 10000.0f;
+  std::vector<float> rope_freqs;  // (head_dim / 2); empty when written: unscaled from rope_theta
   int64_t n_tokens = 0;  // tokens per head
   std::vector<float> q;  // (n_layers, n_heads, n_tokens, head_dim)
   std::vector<float> k;  // (n_layers, n_kv_heads, n_tokens, head_dim)

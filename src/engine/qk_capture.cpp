@@ -14,10 +14,6 @@ QkDump capture_qk(Transformer& transformer, KvCache& cache, std::span<const int3
   const int32_t chunk = options.chunk == 0 ? c.seq_len : options.chunk;
   if (chunk < 2 || chunk > c.seq_len) fail("capture chunk {} is out of range (2..{}, the model's context)", chunk, c.seq_len);
   if (options.batch < 1) fail("capture batch must be positive");
-  // A dump records RoPE's base only: the workloads it feeds would turn keys
-  // by other angles than the model did.
-  if (c.rope_scaling.scales())
-    fail("capturing Q/K of a model with RoPE scaling ({}) is not supported", c.rope_scaling.describe());
   for (int layer = 0; layer < c.n_layers; ++layer)
     if (cache.k_pre_rope(layer)) fail("capturing Q/K needs keys stored after RoPE (drop --kv-k-pre-rope)");
   int64_t chunks = int64_t(tokens.size()) / chunk;
@@ -32,6 +28,7 @@ QkDump capture_qk(Transformer& transformer, KvCache& cache, std::span<const int3
   d.head_dim = hd;
   d.chunk = chunk;
   d.rope_theta = c.rope_theta;
+  d.rope_freqs = c.rope_frequencies();  // the workloads re-place keys by the model's own angles
   d.n_tokens = chunks * chunk;
   d.allocate();
 
