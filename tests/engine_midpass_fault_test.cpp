@@ -1,5 +1,6 @@
 // A forward pass that fails partway for one sequence (its sparsity policy
-// throws after the pass began) fails that sequence and preempts the others,
+// throws after the pass began) fails that sequence and preempts the others
+// (a failure in begin_forward, before anything is written, preempts no one),
 // which are recomputed from scratch: under quantized presets (residual
 // windows, FP16 staging, blocks sealed mid-pass), with prefix-cache hits
 // (sidecars shared with the cache), during decode and during chunked prefill,
@@ -36,7 +37,7 @@ class AfterForwardThrowing : public SparsityPolicy {
   void after_forward(KvCache&, BlockTable&, int32_t) override { throw std::runtime_error("the index rebuild failed"); }
 };
 
-enum class Where { OnKv, Select, AfterForward };
+enum class Where { OnKv, Select, AfterForward, BeginForward };
 enum class When { FirstPass, LaterChunk, Decode };
 
 class EngineMidPassFaultTest : public ::testing::Test {
@@ -75,10 +76,14 @@ class EngineMidPassFaultTest : public ::testing::Test {
     testing_faults::ThrowingPolicy on_kv(1, "the key index failed");
     testing_faults::ThrowingPolicy in_select(2, "the key index failed", /*library=*/true, /*in_select=*/true);
     AfterForwardThrowing after;
-    SparsityPolicy* policy = where == Where::OnKv ? static_cast<SparsityPolicy*>(&on_kv)
+    testing_faults::BeginForwardThrowing at_begin("the index could not start");
+    SparsityPolicy* policy = where == Where::OnKv     ? static_cast<SparsityPolicy*>(&on_kv)
                              : where == Where::Select ? static_cast<SparsityPolicy*>(&in_select)
-                                                      : static_cast<SparsityPolicy*>(&after);
-    const std::string message = where == Where::AfterForward ? "the index rebuild failed" : "the key index failed";
+                             : where == Where::BeginForward ? static_cast<SparsityPolicy*>(&at_begin)
+                                                            : static_cast<SparsityPolicy*>(&after);
+    const std::string message = where == Where::AfterForward   ? "the index rebuild failed"
+                                : where == Where::BeginForward ? "the index could not start"
+                                                               : "the key index failed";
 
     std::map<RequestId, Collected> out;
     const BlockTable* bad_table = nullptr;
@@ -147,7 +152,11 @@ class EngineMidPassFaultTest : public ::testing::Test {
     }
     last_others_at_fault = others_at_fault;
     const EngineStats s = engine.stats();
-    EXPECT_GE(s.preemptions - preemptions_before, others_at_fault);
+    if (where == Where::BeginForward) {
+      EXPECT_EQ(s.preemptions, preemptions_before) << "nothing of the others was touched: they run on";
+    } else {
+      EXPECT_GE(s.preemptions - preemptions_before, others_at_fault);
+    }
     expect_clean(s);
     return s;
   }
@@ -196,7 +205,9 @@ std::vector<std::vector<int32_t>> EngineMidPassFaultTest::encoded_prompts() {
   return out;
 }
 
-std::string where_name(Where w) { return w == Where::OnKv ? "on_kv" : w == Where::Select ? "select" : "after_forward"; }
+std::string where_name(Where w) {
+  return w == Where::OnKv ? "on_kv" : w == Where::Select ? "select" : w == Where::BeginForward ? "begin_forward" : "after_forward";
+}
 std::string when_name(When w) {
   return w == When::FirstPass ? "first pass" : w == When::LaterChunk ? "later chunk" : "decode";
 }
@@ -215,6 +226,20 @@ TEST_F(EngineMidPassFaultTest, QuantizedPresetsRecoverExactly) {
         Engine engine(*model, o);
         run_with_fault(engine, o, encoded_prompts(), encode("Zebras do not like the rain. They"), 5, where, when, 30);
       }
+    }
+  }
+}
+
+// A policy that fails in begin_forward, before the pass writes anything:
+// only its sequence fails; the others are not preempted and end as alone.
+TEST_F(EngineMidPassFaultTest, BeginForwardFaultPreemptsNoOne) {
+  for (const char* preset : {"fp32", "int4-small"}) {
+    for (When when : {When::FirstPass, When::Decode}) {
+      SCOPED_TRACE(testing::Message() << preset << ", " << when_name(when));
+      const EngineOptions o = fault_options(preset, 8, 200);
+      Engine engine(*model, o);
+      run_with_fault(engine, o, encoded_prompts(), encode("Zebras do not like the rain. They"), 5,
+                     Where::BeginForward, when, 30);
     }
   }
 }

@@ -46,4 +46,15 @@ class ThrowingPolicy : public SparsityPolicy {
   std::thread::id owner_ = std::this_thread::get_id();
 };
 
+// Throws from begin_forward: before the pass writes anything.
+class BeginForwardThrowing : public SparsityPolicy {
+ public:
+  explicit BeginForwardThrowing(std::string message) : message_(std::move(message)) {}
+  std::string_view name() const override { return "begin-forward-throwing"; }
+  void begin_forward(const KvCache&, BlockTable&, int32_t) override { throw std::runtime_error(message_); }
+
+ private:
+  std::string message_;
+};
+
 }  // namespace kvserve::testing_faults

@@ -258,6 +258,30 @@ TEST_F(StoriesTransformer, AnEntryThatCannotRunIsNamedBeforeAnythingChanges) {
   }
   for (BlockTable& t : tables) cache->release(t);
 
+  // Its policy's begin_forward fails: nothing of the others was written or
+  // fed yet, so they run on unchanged.
+  testing_faults::BeginForwardThrowing at_begin("the index could not start");
+  reserve_batch(prompts, tables, batch, 0, false);
+  batch[1].policy = &at_begin;
+  try {
+    tf->forward(batch, *cache, logits);
+    ADD_FAILURE() << "no error";
+  } catch (const BatchEntryError& e) {
+    EXPECT_EQ(e.entry(), 1u);
+    EXPECT_TRUE(e.others_untouched());
+    EXPECT_STREQ(e.what(), "the index could not start");
+  }
+  EXPECT_EQ(cache->stats().tokens_stored, before.tokens_stored);
+  rest = {batch[0], batch[2]};
+  tf->forward(rest, *cache, logits);
+  for (size_t r = 0; r < 2; ++r) {
+    const std::vector<float>& want = alone[r == 0 ? 0 : 2];
+    const float* got = logits.last(r, rest);
+    expect_close(std::vector<float>(got, got + logits.vocab),
+                 std::vector<float>(want.end() - logits.vocab, want.end()), 1e-4f);
+  }
+  for (BlockTable& t : tables) cache->release(t);
+
   // Partway through: the last entry's policy throws at layer 1.
   testing_faults::ThrowingPolicy throwing(1, "the index failed");
   reserve_batch(prompts, tables, batch, 0, false);

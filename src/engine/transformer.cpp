@@ -18,14 +18,15 @@ namespace {
 
 // Runs a call into batch entry `entry`'s sparsity policy during the pass: an
 // exception it throws (kvserve::Error, or a library's: hnswlib and faiss
-// throw std::runtime_error and faiss::FaissException) names the entry (the
-// pass has begun: BatchEntryError).
+// throw std::runtime_error and faiss::FaissException) names the entry
+// (BatchEntryError). others_untouched: whether the pass has yet written or
+// fed anything of the other entries.
 template <class F>
-void policy_call(size_t entry, F&& f) {
+void policy_call(size_t entry, F&& f, bool others_untouched = false) {
   try {
     f();
   } catch (const std::exception& e) {
-    throw BatchEntryError(entry, /*others_untouched=*/false, e.what());
+    throw BatchEntryError(entry, others_untouched, e.what());
   }
 }
 
@@ -229,7 +230,12 @@ void Transformer::forward(const std::vector<BatchEntry>& batch, KvCache& cache, 
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& b = batch[e];
     if (b.policy == nullptr) continue;
-    policy_call(e, [&] { b.policy->begin_forward(cache, *b.table, int32_t(b.tokens.size())); });
+    // Before any KV write of the pass; the others' begin_forward calls so
+    // far only caught up with their committed tokens, which running them
+    // again does not repeat: they stay as they were, and run on without a
+    // preemption.
+    policy_call(e, [&] { b.policy->begin_forward(cache, *b.table, int32_t(b.tokens.size())); },
+                /*others_untouched=*/true);
     any_kv = any_kv || b.policy->wants_kv();
     any_sparse = any_sparse || b.policy->selects_reads() || b.policy->wants_attention_weights();
   }
