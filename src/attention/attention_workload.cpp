@@ -122,8 +122,7 @@ AttentionWorkload workload_from_dump(const QkDump& d, const WorkloadShape& s) {
   // rotations compose, so rotating by i − (chunk position) re-places it.
   // i >= its chunk position, since at most one token per chunk is dropped.
   // By the model's own angles (a dump built in memory may give only the base).
-  const std::vector<float> freqs =
-      d.rope_freqs.empty() ? unscaled_rope_frequencies(d.head_dim, d.rope_theta) : d.rope_freqs;
+  const std::vector<float> freqs = d.frequencies();
   auto place = [&](float* row, int64_t i, int64_t t) {
     rope(row, parts, d.head_dim, int(i - t % d.chunk), freqs.data());
   };

@@ -37,12 +37,16 @@ void QkDump::allocate() {
   v.assign(nk, 0.0f);
 }
 
+std::vector<float> QkDump::frequencies() const {
+  return rope_freqs.empty() ? unscaled_rope_frequencies(head_dim, rope_theta) : rope_freqs;
+}
+
 void write_qk_dump(const std::string& path, const QkDump& d) {
   const auto [nq, nk] = float_counts(d);
   if (d.q.size() != nq || d.k.size() != nk || d.v.size() != nk)
     fail("qk dump: buffers do not match the shape (q {} of {}, k {} and v {} of {} floats)", d.q.size(), nq,
          d.k.size(), d.v.size(), nk);
-  const std::vector<float> freqs = d.rope_freqs.empty() ? unscaled_rope_frequencies(d.head_dim, d.rope_theta) : d.rope_freqs;
+  const std::vector<float> freqs = d.frequencies();
   if (freqs.size() != size_t(d.head_dim / 2))
     fail("qk dump: {} RoPE frequencies for head_dim {}", freqs.size(), d.head_dim);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -91,7 +95,7 @@ QkDump read_qk_dump(const std::string& path) {
   if (d.n_heads % d.n_kv_heads != 0)
     fail("'{}': {} query heads are not a multiple of {} KV heads", path, d.n_heads, d.n_kv_heads);
   if (version == 1) {
-    d.rope_freqs = unscaled_rope_frequencies(d.head_dim, d.rope_theta);
+    d.rope_freqs = d.frequencies();
   } else {
     d.rope_freqs.resize(size_t(pairs));
     in.read(reinterpret_cast<char*>(d.rope_freqs.data()), std::streamsize(pairs * sizeof(float)));

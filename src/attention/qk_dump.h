@@ -36,6 +36,8 @@ struct QkDump {
 
   // Allocates q, k, v (zeroed) for the shape fields.
   void allocate();
+  // rope_freqs, or unscaled RoPE of rope_theta where none were given.
+  std::vector<float> frequencies() const;
   // (n_tokens, head_dim) rows of one head. REQUIRES: indices in range.
   const float* queries(int layer, int head) const { return q.data() + offset(layer, head, n_heads); }
   const float* keys(int layer, int kv_head) const { return k.data() + offset(layer, kv_head, n_kv_heads); }

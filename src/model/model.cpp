@@ -234,11 +234,6 @@ const Tokenizer& Model::require_tokenizer() const {
   return *tokenizer_;
 }
 
-bool ModelOverrides::any() const {
-  return context_length || rope_freq_base || rope_scaling || rope_scale || yarn_original_context || yarn_ext_factor ||
-         yarn_attn_factor || yarn_beta_fast || yarn_beta_slow;
-}
-
 void ModelOverrides::apply(ModelConfig& c, const std::string& source) const {
   const int32_t trained = c.seq_len;
   RopeScaling& r = c.rope_scaling;

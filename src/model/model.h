@@ -73,7 +73,6 @@ struct ModelOverrides {
   std::optional<int32_t> yarn_original_context;
   std::optional<float> yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
 
-  bool any() const;
   // Applies them to c (loaded from `source`, its seq_len the trained
   // context) and validates the result; throws kvserve::Error.
   void apply(ModelConfig& c, const std::string& source) const;

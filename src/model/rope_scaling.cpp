@@ -1,6 +1,7 @@
 #include "model/rope_scaling.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,15 +27,13 @@ std::optional<RopeScalingType> parse_rope_scaling_type(std::string_view name) {
 }
 
 std::string RopeScaling::describe() const {
-  std::string out = rope_scaling_name(type);
-  if (type != RopeScalingType::None) out += fmt::format(" x{}", factor);
+  std::vector<std::string> parts;
+  if (type != RopeScalingType::None) parts.push_back(fmt::format("{} x{}", rope_scaling_name(type), factor));
   if (type == RopeScalingType::Yarn && original_context > 0)
-    out += fmt::format(" (original context {})", original_context);
-  if (attn_factor != 1.0f) out += fmt::format(", attn factor {}", attn_factor);
-  if (!freq_factors.empty())
-    out = (type == RopeScalingType::None ? std::string() : out + ", ") +
-          fmt::format("freq factors ({})", freq_factors.size());
-  return out;
+    parts.back() += fmt::format(" (original context {})", original_context);
+  if (attn_factor != 1.0f) parts.push_back(fmt::format("attn factor {}", attn_factor));
+  if (!freq_factors.empty()) parts.push_back(fmt::format("freq factors ({})", freq_factors.size()));
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
 }
 
 void RopeScaling::validate(const std::string& source, int head_dim) const {
