@@ -249,14 +249,20 @@ TEST_F(StoriesTransformer, AnEntryThatCannotRunIsNamedBeforeAnythingChanges) {
                    std::vector<float>(want.end() - logits.vocab, want.end()), 1e-4f);
     }
   };
-  try {
-    tf->forward(batch, *cache, logits);
-    ADD_FAILURE() << "no error";
-  } catch (const BatchEntryError& e) {
-    EXPECT_EQ(e.entry(), 1u);
-    EXPECT_TRUE(e.others_untouched());
-    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
-  }
+  // The batch's pass fails naming `entry`; returns the message.
+  auto fails_at = [&](size_t entry, bool others_untouched) -> std::string {
+    try {
+      tf->forward(batch, *cache, logits);
+      ADD_FAILURE() << "no error";
+    } catch (const BatchEntryError& e) {
+      EXPECT_EQ(e.entry(), entry);
+      EXPECT_EQ(e.others_untouched(), others_untouched);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string message = fails_at(1, true);
+  EXPECT_NE(message.find("out of range"), std::string::npos) << message;
   for (const BlockTable& t : tables) EXPECT_EQ(t.num_tokens, 0);
   EXPECT_EQ(cache->stats().tokens_stored, before.tokens_stored);
   expect_rest_as_alone();
@@ -267,14 +273,7 @@ TEST_F(StoriesTransformer, AnEntryThatCannotRunIsNamedBeforeAnythingChanges) {
   testing_faults::BeginForwardThrowing at_begin("the index could not start");
   reserve_batch(prompts, tables, batch, 0, false);
   batch[1].policy = &at_begin;
-  try {
-    tf->forward(batch, *cache, logits);
-    ADD_FAILURE() << "no error";
-  } catch (const BatchEntryError& e) {
-    EXPECT_EQ(e.entry(), 1u);
-    EXPECT_TRUE(e.others_untouched());
-    EXPECT_STREQ(e.what(), "the index could not start");
-  }
+  EXPECT_EQ(fails_at(1, true), "the index could not start");
   EXPECT_EQ(cache->stats().tokens_stored, before.tokens_stored);
   expect_rest_as_alone();
   for (BlockTable& t : tables) cache->release(t);
@@ -283,14 +282,7 @@ TEST_F(StoriesTransformer, AnEntryThatCannotRunIsNamedBeforeAnythingChanges) {
   testing_faults::ThrowingPolicy throwing(1, "the index failed");
   reserve_batch(prompts, tables, batch, 0, false);
   batch[2].policy = &throwing;
-  try {
-    tf->forward(batch, *cache, logits);
-    ADD_FAILURE() << "no error";
-  } catch (const BatchEntryError& e) {
-    EXPECT_EQ(e.entry(), 2u);
-    EXPECT_FALSE(e.others_untouched());
-    EXPECT_STREQ(e.what(), "the index failed");
-  }
+  EXPECT_EQ(fails_at(2, false), "the index failed");
   for (BlockTable& t : tables) cache->release(t);
 }
 
