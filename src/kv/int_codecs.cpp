@@ -3,12 +3,26 @@
 #include "kv/channel_codec.h"
 #include "kv/int_codec_kernels.h"
 #include "kv/scale8.h"
+#include "kv/source_kernels8.h"
 #include "util/error.h"
 
 #include <atomic>
 
+// Builds whose token-by-token codecs (SliceCodec below) have vector score and
+// accumulate kernels over sources that dequantize in registers: AVX-512
+// (int_codec_kernels.h, 16 lanes) and AVX2 (source_kernels8.h, 8 lanes).
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define KVSERVE_TOKEN_SOURCES 1
+#endif
+
 namespace kvserve {
 namespace int_codec {
+
+#if defined(__AVX512F__)
+namespace source_kernels = simd;
+#elif defined(KVSERVE_TOKEN_SOURCES)
+namespace source_kernels = simd8;
+#endif
 
 // set_byte_value_weights: on by default.
 std::atomic<bool> g_byte_value_weights{true};
@@ -42,11 +56,11 @@ static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 }
 
 // Score and accumulate for codecs whose tokens can be read one at a time.
-// With AVX-512 and a head slice the vector kernels can walk (Derived::
-// simd_ready()), Derived::with_source hands them a source that dequantizes in
-// registers. Otherwise (and as the scalar reference beside them) the token's
-// head slice is dequantized into a head_dim scratch that stays in L1, then
-// dot/axpy run on it.
+// With AVX-512 or AVX2 and a head slice the vector kernels can walk
+// (Derived::simd_ready()), Derived::with_source hands them a source that
+// dequantizes in registers. Otherwise (and as the scalar reference beside
+// them) the token's head slice is dequantized into a head_dim scratch that
+// stays in L1, then dot/axpy run on it.
 template <class Derived>
 class SliceCodec : public KvCodec {
  public:
@@ -54,9 +68,10 @@ class SliceCodec : public KvCodec {
 
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (self().simd_ready()) {
-      self().with_source(block, kv_head, [&](const auto& src) { simd::score(src, q, n_q, false, n, scale, scores, stride); });
+      self().with_source(block, kv_head,
+                         [&](const auto& src) { source_kernels::score(src, q, n_q, false, n, scale, scores, stride); });
       return;
     }
 #endif
@@ -70,9 +85,10 @@ class SliceCodec : public KvCodec {
   void accumulate(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
                   float* out) const override {
     if (self().integer_accumulate(weights, n_q, stride, block, n, kv_head, out)) return;
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (self().simd_ready()) {
-      self().with_source(block, kv_head, [&](const auto& src) { simd::accumulate(src, weights, n_q, stride, n, out); });
+      self().with_source(block, kv_head,
+                         [&](const auto& src) { source_kernels::accumulate(src, weights, n_q, stride, n, out); });
       return;
     }
 #endif
@@ -85,9 +101,10 @@ class SliceCodec : public KvCodec {
   }
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (self().simd_ready()) {
-      self().with_source(block, kv_head, [&](const auto& src) { simd::score(src, q, n_q, true, n, scale, scores, stride); });
+      self().with_source(block, kv_head,
+                         [&](const auto& src) { source_kernels::score(src, q, n_q, true, n, scale, scores, stride); });
       return;
     }
 #endif
@@ -158,6 +175,18 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
     pairs_ready_ = head_major_ && group_ == s.head_dim && B >= 4 && s.head_dim % 16 == 0;
     byte_weights_ = byte_weight_kernel(c, s);
+#endif
+#if !defined(__AVX512F__) && defined(KVSERVE_TOKEN_SOURCES)
+    using Order = simd8::Lanes8<B>;
+    const int hd = s.head_dim;
+    // Groups inside a head are looked up per lane from one vector of (at
+    // most 8) group scales; finer groups take the scalar path.
+    simd_ = hd % Order::kCodes == 0 && (group_ >= hd || (head_major_ && hd / group_ <= 8));
+    if (simd_ && group_ < hd)
+      for (int p = 0; p < hd; ++p) {  // lane-order position p -> element of the head slice
+        const int c = p / Order::kCodes, k = p % Order::kCodes / 8, j = p % 8;
+        lane_group_.push_back((c * Order::kCodes + j * Order::kVecs + k) / group_);
+      }
 #endif
   }
 
@@ -271,7 +300,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     }
   }
 
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
   bool simd_ready() const { return simd_; }
 #endif
 
@@ -712,6 +741,86 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       f(GroupSource{block, code_off, code_stride, meta, meta_stride, hd, mask, lane_group_.data()});
     }
   }
+#elif defined(KVSERVE_TOKEN_SOURCES)
+  // The same two sources on 8 lanes (source_kernels8.h).
+  struct HeadSource {
+    using Order = simd8::Lanes8<B>;
+    const uint8_t* codes;  // token 0's
+    size_t code_stride;
+    const uint8_t* meta;  // token 0's (scale, min) pair
+    size_t meta_stride;   // in bytes
+    int head_dim;
+    struct Cursor {
+      const uint8_t* codes;
+      __m256 scale, min;
+      void chunk(int c, __m256* x) const {
+        Order::unpack(codes + 8 * c, x);
+        #pragma GCC unroll 4
+        for (int k = 0; k < Order::kVecs; ++k) x[k] = _mm256_fmadd_ps(x[k], scale, min);
+      }
+    };
+    void prefetch(int n) const {
+      simd::prefetch_rows(codes, code_stride, n, size_t(head_dim) * B / 8);
+      simd::prefetch_rows(meta, meta_stride, n, 2 * sizeof(fp16_t));
+    }
+    Cursor token(int t) const {
+      fp16_t sm[2];
+      std::memcpy(sm, meta + size_t(t) * meta_stride, sizeof sm);
+      return {codes + size_t(t) * code_stride, _mm256_set1_ps(fp16_to_fp32(sm[0])), _mm256_set1_ps(fp16_to_fp32(sm[1]))};
+    }
+  };
+  struct GroupSource {
+    using Order = simd8::Lanes8<B>;
+    const uint8_t* codes;
+    size_t code_stride;
+    const uint8_t* meta;
+    size_t meta_stride;
+    int head_dim, groups;       // groups of the head: at most 8
+    __m256i group_mask;         // their lanes
+    const int32_t* lane_group;  // (head_dim) group of each lane-order position
+    struct Cursor {
+      const uint8_t* codes;
+      __m256 scale, min;  // lane g: group g of the head
+      const int32_t* lane_group;
+      void chunk(int c, __m256* x) const {
+        Order::unpack(codes + 8 * c, x);
+        #pragma GCC unroll 4
+        for (int k = 0; k < Order::kVecs; ++k) {
+          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_group + (c * Order::kVecs + k) * 8));
+          x[k] = _mm256_fmadd_ps(x[k], _mm256_permutevar8x32_ps(scale, g), _mm256_permutevar8x32_ps(min, g));
+        }
+      }
+    };
+    void prefetch(int n) const {
+      simd::prefetch_rows(codes, code_stride, n, size_t(head_dim) * B / 8);
+      simd::prefetch_rows(meta, meta_stride, n, size_t(groups) * 2 * sizeof(fp16_t));
+    }
+    Cursor token(int t) const {
+      // (scale, min) words: scales in the low halves, mins in the high ones.
+      const __m256i w = _mm256_maskload_epi32(reinterpret_cast<const int*>(meta + size_t(t) * meta_stride), group_mask);
+      auto halves = [](__m256i x) {
+        return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+      };
+      return {codes + size_t(t) * code_stride, halves(_mm256_and_si256(w, _mm256_set1_epi32(0xFFFF))),
+              halves(_mm256_srli_epi32(w, 16)), lane_group};
+    }
+  };
+  template <class F>
+  void with_source(const uint8_t* block, int kv_head, F&& f) const {
+    const int hd = shape_.head_dim;
+    const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(kv_head * hd) * B / 8;
+    const uint8_t* meta = head_major_ ? head_pairs(block, kv_head)
+                                      : reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_));
+    const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
+    const size_t meta_stride = head_major_ ? size_t(head_groups_) * 2 * sizeof(fp16_t) : token_bytes_;
+    if (group_ >= hd) {
+      f(HeadSource{codes, code_stride, meta, meta_stride, hd});
+    } else {
+      const int groups = hd / group_;
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(groups), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      f(GroupSource{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
+    }
+  }
 #endif
 
  private:
@@ -1129,8 +1238,10 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
     }
   }
 
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
   bool simd_ready() const { return shape_.head_dim % kBlock == 0; }
+#endif
+#if defined(__AVX512F__)
 
   // A chunk is one q4_0 block: its low nibbles are values 0..15, its high
   // nibbles 16..31, so the lanes come out in natural order.
@@ -1162,6 +1273,37 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
     // head_blocks_ * kBlockBytes apart.
     f(Source{block, size_t(head_blocks_) * kBlockBytes, size_t(at(block, 0, kv_head * head_blocks_) - block),
              shape_.head_dim});
+  }
+#elif defined(KVSERVE_TOKEN_SOURCES)
+  // The same on 8 lanes: a block's low nibbles are two vectors (values 0..7,
+  // 8..15), its high nibbles two more (16..23, 24..31).
+  struct Source {
+    using Order = simd8::Natural8<4>;
+    const uint8_t* blocks;  // token 0's first q4_0 block of the head
+    size_t token_bytes;
+    int head_dim;
+    struct Cursor {
+      const uint8_t* blocks;
+      void chunk(int c, __m256* x) const {
+        const uint8_t* b = blocks + size_t(c) * kBlockBytes;
+        fp16_t d16;
+        std::memcpy(&d16, b, sizeof d16);
+        const __m256 d = _mm256_set1_ps(fp16_to_fp32(d16)), bias = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        const __m256i nib = _mm256_set1_epi32(15);
+        const __m256i q0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + sizeof(fp16_t))));
+        const __m256i q1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + sizeof(fp16_t) + 8)));
+        x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q0, nib)), d, bias);
+        x[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q1, nib)), d, bias);
+        x[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q0, 4)), d, bias);
+        x[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q1, 4)), d, bias);
+      }
+    };
+    void prefetch(int n) const { simd::prefetch_rows(blocks, token_bytes, n, size_t(head_dim / kBlock) * kBlockBytes); }
+    Cursor token(int t) const { return {blocks + size_t(t) * token_bytes}; }
+  };
+  template <class F>
+  void with_source(const uint8_t* block, int kv_head, F&& f) const {
+    f(Source{at(block, 0, kv_head * head_blocks_), size_t(head_blocks_) * kBlockBytes, shape_.head_dim});
   }
 #endif
 
