@@ -90,6 +90,13 @@ std::vector<Case> all_cases() {
     c.rope_span = 16;
     cases.push_back({c, KvBlockShape{64, 2, 64}});
   }
+  // Keys exactly before RoPE keep token rows with per-channel groups (the
+  // vector kernels' dynamic token-row source).
+  for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2}) {
+    KvCodecConfig c{t, KvGrouping::Channel, 16, {}, {}};
+    c.pre_rope = true;
+    cases.push_back({c, KvBlockShape{32, 2, 64}});
+  }
   return cases;
 }
 

@@ -76,8 +76,12 @@ class ChannelCodec final : public KvCodec {
         static_max_.push_back(std::max(c.static_max[size_t(d)], a.min));
       }
     }
+#if defined(KVSERVE_TOKEN_SOURCES)
 #if defined(__AVX512F__)
     using Order = simd::Lanes<B>;
+#else
+    using Order = simd8::Lanes8<B>;
+#endif
     simd_ = s.head_dim % Order::kCodes == 0;
     if (simd_ && static_) {
       // Head slices start on chunk boundaries, so the row in lane order is
@@ -207,9 +211,9 @@ class ChannelCodec final : public KvCodec {
       return;
     }
 #endif
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (simd_ && !channel_major_ && begin == 0) {
-      simd::score(source(block, end, kv_head), q, n_q, false, end, scale, scores, stride);
+      source_kernels::score(source(block, end, kv_head), q, n_q, false, end, scale, scores, stride);
       return;
     }
 #endif
@@ -562,9 +566,9 @@ class ChannelCodec final : public KvCodec {
   // Pre-RoPE keys: a query per token, so the scaled query is per token too.
   void score_tokens(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                     float* scores, int stride) const override {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (simd_ && !channel_major_) {
-      simd::score(source(block, n, kv_head), q, n_q, true, n, scale, scores, stride);
+      source_kernels::score(source(block, n, kv_head), q, n_q, true, n, scale, scores, stride);
       return;
     }
 #endif
@@ -608,10 +612,15 @@ class ChannelCodec final : public KvCodec {
       accumulate_channel_major(weights, n_q, stride, block, n, kv_head, out);
       return;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (channel_major_ && shape_.head_dim % 8 == 0) {
+      accumulate_channel_major8(weights, n_q, stride, block, n, kv_head, out);
+      return;
+    }
 #endif
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (simd_ && !channel_major_) {
-      simd::accumulate(source(block, n, kv_head), weights, n_q, stride, n, out);
+      source_kernels::accumulate(source(block, n, kv_head), weights, n_q, stride, n, out);
       return;
     }
 #endif
@@ -954,6 +963,89 @@ class ChannelCodec final : public KvCodec {
     }
   }
 #endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  // Channel-major values on AVX2: a tile is 8 channels of 8 tokens, one
+  // vector per channel with the tokens in its lanes (load_tile8); each query
+  // multiplies them by its 8 weights and one transpose-and-add turns the 8
+  // products into the 8 channels' sums. Scales and mins apply once per token
+  // group, as in the scalar loop.
+  // Channels c0 .. c0 + 7 (c0 a multiple of 8) of tokens t0 .. t0 + 7 (those
+  // at or past the block's end read as 0) as floats.
+  void load_tile8(const uint8_t* head, int c0, int t0, __m256* x) const {
+    const int bs = shape_.block_size, live = std::min(8, bs - t0);
+    auto bytes8 = [&](const uint8_t* p) {  // 8 bytes, none past the row's end
+      if (live == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      alignas(8) uint8_t tail[8] = {};
+      std::memcpy(tail, p, size_t(live));
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(tail)));
+    };
+    const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+    if (octets_) {  // lane t: token t0 + t's 4 bytes of the octet; channel c0 + j in byte j % 4, nibble j / 4
+      const uint8_t* p = head + (size_t(c0 / 8) * size_t(bs) + size_t(t0)) * 4;
+      __m256i v;
+      if (live == 8) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      } else {
+        alignas(32) uint8_t tail[32] = {};
+        std::memcpy(tail, p, size_t(live) * 4);
+        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+      }
+      #pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        x[j] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * (j % 4) + 4 * (j / 4)), mask));
+      return;
+    }
+    constexpr int kPerByte = 8 / B;
+    #pragma GCC unroll 8
+    for (int r = 0; r < 8 / kPerByte; ++r) {  // byte rows of the tile
+      const __m256i b = bytes8(head + size_t(c0 / kPerByte + r) * size_t(bs) + size_t(t0));
+      #pragma GCC unroll 4
+      for (int k = 0; k < kPerByte; ++k)
+        x[r * kPerByte + k] = _mm256_cvtepi32_ps(B == 8 ? b : _mm256_and_si256(_mm256_srli_epi32(b, k * B), mask));
+    }
+  }
+  void accumulate_channel_major8(const float* weights, int n_q, int stride, const uint8_t* block, int n, int kv_head,
+                                 float* out) const {
+    const int hd = shape_.head_dim;
+    const uint8_t* head = block + size_t(kv_head) * head_bytes_;
+    simd::prefetch_rows(head, head_bytes_, 1, head_bytes_);
+    float* s = scratch(2 * size_t(hd) + size_t(n_q) * (size_t(hd) + 1));
+    float *sc = s, *mn = s + hd, *acc = s + 2 * hd, *wsum = acc + size_t(n_q) * hd;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int tg = 0; tg * group_ < n; ++tg) {
+      load_affine(block, tg, kv_head * hd, hd, sc, mn);
+      std::fill(acc, acc + size_t(n_q) * (size_t(hd) + 1), 0.0f);  // acc and wsum
+      const int t1 = std::min(n, (tg + 1) * group_);
+      for (int t0 = tg * group_; t0 < t1; t0 += 8) {
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(t1 - t0), lane);  // weights past t1 read as 0
+        for (int i = 0; i < n_q; ++i)
+          wsum[i] += kvserve::simd::hsum8(_mm256_maskload_ps(weights + size_t(i) * stride + t0, live));
+        for (int c0 = 0; c0 < hd; c0 += 8) {
+          __m256 x[8];
+          load_tile8(head, c0, t0, x);
+          for (int i = 0; i < n_q; ++i) {
+            const __m256 w = _mm256_maskload_ps(weights + size_t(i) * stride + t0, live);
+            __m256 p[8];
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) p[j] = _mm256_mul_ps(w, x[j]);
+            const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+            const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+            const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+            float* o = acc + size_t(i) * hd + c0;
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), sums));
+          }
+        }
+      }
+      for (int i = 0; i < n_q; ++i)
+        for (int d = 0; d < hd; d += 8) {
+          float* o = out + size_t(i) * hd + d;
+          const __m256 add = _mm256_fmadd_ps(_mm256_loadu_ps(sc + d), _mm256_loadu_ps(acc + size_t(i) * hd + d),
+                                             _mm256_mul_ps(_mm256_loadu_ps(mn + d), _mm256_set1_ps(wsum[i])));
+          _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), add));
+        }
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   // Per-channel scale and min of each token group, in lane order.
   struct Source {
@@ -1007,6 +1099,56 @@ class ChannelCodec final : public KvCodec {
           _mm512_storeu_ps(nat_m + d, m);
         }
       }
+      for (int d = 0; d < hd; d += Order::kCodes) {
+        Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
+        Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);
+      }
+    }
+    src.scale = sc;
+    src.min = mn;
+    return src;
+  }
+#elif defined(KVSERVE_TOKEN_SOURCES)
+  // The same on 8 lanes (source_kernels8.h).
+  struct Source {
+    using Order = simd8::Lanes8<B>;
+    const uint8_t* codes;  // token 0's
+    size_t code_stride;
+    int head_dim, group;
+    const float *scale, *min;  // (token group, head_dim) lane order
+    struct Cursor {
+      const uint8_t* codes;
+      const float *scale, *min;  // (head_dim) lane order
+      void chunk(int c, __m256* x) const {
+        Order::unpack(codes + 8 * c, x);
+        #pragma GCC unroll 4
+        for (int k = 0; k < Order::kVecs; ++k) {
+          const int v = (c * Order::kVecs + k) * 8;
+          x[k] = _mm256_fmadd_ps(x[k], _mm256_loadu_ps(scale + v), _mm256_loadu_ps(min + v));
+        }
+      }
+    };
+    void prefetch(int n) const { simd::prefetch_rows(codes, code_stride, n, size_t(head_dim) * B / 8); }
+    Cursor token(int t) const {
+      const size_t g = size_t(t / group) * head_dim;
+      return {codes + size_t(t) * code_stride, scale + g, min + g};
+    }
+  };
+  Source source(const uint8_t* block, int n, int kv_head) const {
+    using Order = simd8::Lanes8<B>;
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(first) * B / 8;
+    Source src{codes, head_major_ ? head_code_bytes_ : code_bytes_, hd, group_, nullptr, nullptr};
+    if (static_) {
+      src.scale = static_scale_lanes_.data() + first;
+      src.min = static_min_lanes_.data() + first;
+      return src;
+    }
+    const int groups = (n + group_ - 1) / group_;
+    float* buf = simd8::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
+    float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
+    for (int tg = 0; tg < groups; ++tg) {
+      load_affine(block, tg, first, hd, nat_s, nat_m);
       for (int d = 0; d < hd; d += Order::kCodes) {
         Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
         Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);

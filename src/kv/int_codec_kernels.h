@@ -429,3 +429,20 @@ void accumulate(const Src& src, const float* weights, int n_q, int stride, int n
 #endif  // __AVX512F__
 
 }  // namespace kvserve::int_codec
+
+#include "kv/source_kernels8.h"
+
+// Builds whose codecs that read token rows have vector score and accumulate
+// kernels over sources that dequantize in registers: AVX-512 (simd above, 16
+// lanes) and AVX2 (source_kernels8.h, 8 lanes). source_kernels names the one
+// this build has.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define KVSERVE_TOKEN_SOURCES 1
+namespace kvserve::int_codec {
+#if defined(__AVX512F__)
+namespace source_kernels = simd;
+#else
+namespace source_kernels = simd8;
+#endif
+}  // namespace kvserve::int_codec
+#endif

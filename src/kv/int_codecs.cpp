@@ -3,26 +3,12 @@
 #include "kv/channel_codec.h"
 #include "kv/int_codec_kernels.h"
 #include "kv/scale8.h"
-#include "kv/source_kernels8.h"
 #include "util/error.h"
 
 #include <atomic>
 
-// Builds whose token-by-token codecs (SliceCodec below) have vector score and
-// accumulate kernels over sources that dequantize in registers: AVX-512
-// (int_codec_kernels.h, 16 lanes) and AVX2 (source_kernels8.h, 8 lanes).
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#define KVSERVE_TOKEN_SOURCES 1
-#endif
-
 namespace kvserve {
 namespace int_codec {
-
-#if defined(__AVX512F__)
-namespace source_kernels = simd;
-#elif defined(KVSERVE_TOKEN_SOURCES)
-namespace source_kernels = simd8;
-#endif
 
 // set_byte_value_weights: on by default.
 std::atomic<bool> g_byte_value_weights{true};

@@ -1,6 +1,6 @@
-// Internal to the integer KV codecs (int_codecs.cpp): the AVX2 counterpart of
-// int_codec_kernels.h's AVX-512 score and accumulate over token sources, for
-// the codecs that dequantize token by token (token groups, q4_0) and have no
+// Internal to the integer KV codecs (through int_codec_kernels.h): the AVX2
+// counterpart of its AVX-512 score and accumulate over token sources, for the
+// codecs that read token rows (token groups, q4_0, static scales) and have no
 // integer kernel on AVX2.
 //
 // Why: before these, an AVX2 build scored such keys by decoding each token's
@@ -102,8 +102,11 @@ struct Natural8 {
   }
 };
 
-inline float* scratch(size_t n) {
-  thread_local std::vector<float> buf;
+// Per-thread buffers: slot 0 for the kernels' queries, slot 1 for a source's
+// per-call metadata.
+inline float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> bufs[2];
+  std::vector<float>& buf = bufs[slot];
   if (buf.size() < n) buf.resize(n);
   return buf.data();
 }
@@ -176,7 +179,7 @@ void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, flo
   const int hd = src.head_dim;
   src.prefetch(n);
   const size_t sets = size_t(per_token_q ? n : 1) * size_t(n_q);
-  float* qp = scratch(sets * size_t(hd));
+  float* qp = scratch(0, sets * size_t(hd));
   for (size_t s = 0; s < sets; ++s)
     for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
   const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
