@@ -588,7 +588,7 @@ TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {
 
 // Pre-RoPE keys scored with each key rotated by its offset in the block
 // (score_offsets) equal the reference: decode, rope(key, t), dot. Channel
-// codecs with token rows have the kernel (AVX-512); 8-, 4- and 2-bit codes
+// codecs with token rows have the kernel (AVX-512, AVX2); 8-, 4- and 2-bit codes
 // keep a pair's partner in a neighbouring lane or vector, each checked.
 TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
   int ran = 0;
@@ -613,8 +613,10 @@ TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
                 codec->score_offsets(q.data(), n_q, block.data(), n, h, 0.125f, table, got.data(), stride);
 #if defined(__AVX512F__)
             // Every width and scale format has the kernel where a head is whole
-            // chunks of 16 * 8 / bits codes.
+            // chunks of 16 * 8 / bits codes (AVX2: 8 * 8 / bits).
             EXPECT_EQ(has_kernel, hd % (16 * 8 / kv_dtype_bits(t)) == 0) << c.describe() << " hd " << hd;
+#elif defined(__AVX2__) && defined(__FMA__)
+            EXPECT_EQ(has_kernel, hd % (8 * 8 / kv_dtype_bits(t)) == 0) << c.describe() << " hd " << hd;
 #endif
             if (!has_kernel) continue;
             ++ran;
@@ -634,7 +636,7 @@ TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
       }
     }
   }
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   EXPECT_GT(ran, 0);  // the kernel exists on this build
 #endif
   // Codecs without the kernel say so and write nothing.

@@ -592,12 +592,12 @@ class ChannelCodec final : public KvCodec {
   // after dequantization, against the block's one query set.
   bool score_offsets(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale,
                      const RopeTable& rope, float* scores, int stride) const override {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_TOKEN_SOURCES)
     if (!simd_ || channel_major_ || rope.head_dim() != shape_.head_dim || rope.rows() < shape_.block_size)
       return false;
     const float* rot = rope_rows_.get(rope, shape_.block_size);
     if (rot == nullptr) return false;
-    simd::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride, rot);
+    source_kernels::score(source(block, n, kv_head), q, n_q, false, n, scale, scores, stride, rot);
     return true;
 #else
     return false;
@@ -1277,7 +1277,9 @@ class ChannelCodec final : public KvCodec {
   bool byte_dots_ = false;           // ... scoring with 8-bit queries (score_tiles_bytes)
   std::vector<float> static_scale_lanes_, static_min_lanes_;  // (kv_dim) lane order, when static and simd_
 #if defined(__AVX512F__)
-  simd::LaneRopeRows<simd::Lanes<B>> rope_rows_;  // score_offsets' rotations
+  LaneRopeRows<simd::Lanes<B>> rope_rows_;  // score_offsets' rotations
+#elif defined(KVSERVE_TOKEN_SOURCES)
+  LaneRopeRows<simd8::Lanes8<B>> rope_rows_;
 #endif
 };
 

@@ -107,6 +107,42 @@ inline void split_pair_run(const fp16_t* pairs, int n, float* scale, float* min)
   }
 }
 
+// The lane-order rotation rows the score kernels take (AVX-512's simd::score,
+// AVX2's simd8::score): for offsets [0, n), the rope table's cos row then sin
+// row, each chunk put in Order's lane order.
+template <class Order>
+std::vector<float> rope_lanes(const RopeTable& rope, int n) {
+  const int hd = rope.head_dim();
+  std::vector<float> out(size_t(n) * 2 * size_t(hd));
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < hd; c += Order::kCodes) {
+      Order::to_lanes(rope.cos_row(t) + c, out.data() + size_t(t) * 2 * hd + c);
+      Order::to_lanes(rope.sin_row(t) + c, out.data() + size_t(t) * 2 * hd + hd + c);
+    }
+  return out;
+}
+
+// rope_lanes<Order> for one rope table, built on first use (attention
+// threads share a codec) and kept: a block's offsets are 0 .. block_size - 1
+// for every block, so the rows stay in L1. get() returns nullptr for a table
+// other than the first one seen.
+template <class Order>
+class LaneRopeRows {
+ public:
+  const float* get(const RopeTable& rope, int n) const {
+    std::call_once(once_, [&] {
+      table_ = &rope;
+      rows_ = rope_lanes<Order>(rope, n);
+    });
+    return table_ == &rope ? rows_.data() : nullptr;
+  }
+
+ private:
+  mutable std::once_flag once_;
+  mutable const RopeTable* table_ = nullptr;
+  mutable std::vector<float> rows_;
+};
+
 #if defined(__AVX512F__)
 // AVX-512 attention kernels. Each codec exposes a *source*: for token t,
 // `token(t)` returns a small cursor whose `chunk(c, x)` dequantizes chunk c of
@@ -299,41 +335,6 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
       _mm512_mask_storeu_ps(scores + i * stride + t0, mask, _mm512_mul_ps(s, hsum16(part[i])));
   }
 }
-
-// The lane-order rotation rows score_queries takes: for offsets [0, n), the
-// rope table's cos row then sin row, each chunk put in Order's lane order.
-template <class Order>
-std::vector<float> rope_lanes(const RopeTable& rope, int n) {
-  const int hd = rope.head_dim();
-  std::vector<float> out(size_t(n) * 2 * size_t(hd));
-  for (int t = 0; t < n; ++t)
-    for (int c = 0; c < hd; c += Order::kCodes) {
-      Order::to_lanes(rope.cos_row(t) + c, out.data() + size_t(t) * 2 * hd + c);
-      Order::to_lanes(rope.sin_row(t) + c, out.data() + size_t(t) * 2 * hd + hd + c);
-    }
-  return out;
-}
-
-// rope_lanes<Order> for one rope table, built on first use (attention
-// threads share a codec) and kept: a block's offsets are 0 .. block_size - 1
-// for every block, so the rows stay in L1. get() returns nullptr for a table
-// other than the first one seen.
-template <class Order>
-class LaneRopeRows {
- public:
-  const float* get(const RopeTable& rope, int n) const {
-    std::call_once(once_, [&] {
-      table_ = &rope;
-      rows_ = rope_lanes<Order>(rope, n);
-    });
-    return table_ == &rope ? rows_.data() : nullptr;
-  }
-
- private:
-  mutable std::once_flag once_;
-  mutable const RopeTable* table_ = nullptr;
-  mutable std::vector<float> rows_;
-};
 
 // q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q. rot:
 // keys rotated by these rows first (rope_lanes; pre-RoPE keys by their

@@ -111,12 +111,36 @@ inline float* scratch(int slot, size_t n) {
   return buf.data();
 }
 
+// Rotates chunk c of a token's key (lane order, kVecs vectors) forward by the
+// RoPE angles of rows cs (cos) and cs + hd (sin, signed per pair element as
+// RopeTable keeps it) in lane order: k' = k * cos - partner(k) * sin, where a
+// pair's partner sits in the next (or previous) vector at the same lane when
+// a chunk has several (Lanes8<4>, Lanes8<2>), and in the neighbouring lane
+// when it has one (8-bit codes, natural order).
+template <int kVecs>
+inline void rotate_chunk(const float* cs, int hd, int c, __m256* x) {
+  const float* co = cs + c * kVecs * 8;
+  const float* si = co + hd;
+  if constexpr (kVecs == 1) {
+    x[0] = _mm256_fnmadd_ps(_mm256_permute_ps(x[0], 0xB1), _mm256_loadu_ps(si), _mm256_mul_ps(x[0], _mm256_loadu_ps(co)));
+  } else {
+    #pragma GCC unroll 4
+    for (int k = 0; k < kVecs; k += 2) {
+      const __m256 a = x[k], b = x[k + 1];
+      x[k] = _mm256_fnmadd_ps(b, _mm256_loadu_ps(si + 8 * k), _mm256_mul_ps(a, _mm256_loadu_ps(co + 8 * k)));
+      x[k + 1] = _mm256_fnmadd_ps(a, _mm256_loadu_ps(si + 8 * (k + 1)), _mm256_mul_ps(b, _mm256_loadu_ps(co + 8 * (k + 1))));
+    }
+  }
+}
+
 // NQ queries (lane order, (NQ, hd) floats at qp + t * q_token_stride)
 // against the first n tokens of the source, four tokens per reduction: their
 // per-lane sums reduce together (three horizontal adds for four scores).
+// With rot, token t's key is first rotated by the lane-order rows at
+// rot + t * 2 * hd (rotate_chunk).
 template <int NQ, class Src>
 void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n, float scale, float* scores,
-                   int stride) {
+                   int stride, const float* rot) {
   using Order = typename Src::Order;
   constexpr int kVecs = Order::kVecs;
   constexpr int kU = kVecs == 1 ? 2 : 1;
@@ -141,6 +165,7 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
         for (int e = 0; e < units.value; ++e) {
           __m256 x[kVecs];
           tok.chunk(c + e, x);
+          if (rot != nullptr) rotate_chunk<kVecs>(rot + size_t(t) * 2 * hd, hd, c + e, x);
           #pragma GCC unroll 4
           for (int k = 0; k < kVecs; ++k) {
             const int v = (c + e) * kVecs + k;
@@ -172,9 +197,12 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
   }
 }
 
-// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q.
+// q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q. rot:
+// keys rotated by these rows first (rope_lanes; pre-RoPE keys by their
+// offset in the block), or nullptr.
 template <class Src>
-void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores, int stride) {
+void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores, int stride,
+           const float* rot = nullptr) {
   using Order = typename Src::Order;
   const int hd = src.head_dim;
   src.prefetch(n);
@@ -184,7 +212,7 @@ void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, flo
     for (int c = 0; c < hd; c += Order::kCodes) Order::to_lanes(q + s * hd + c, qp + s * hd + c);
   const size_t q_token_stride = per_token_q ? size_t(n_q) * hd : 0;
   kvserve::simd::by_query_passes<3>(n_q, [&](auto m, int i) {
-    score_queries<m>(src, qp + size_t(i) * hd, q_token_stride, n, scale, scores + size_t(i) * stride, stride);
+    score_queries<m>(src, qp + size_t(i) * hd, q_token_stride, n, scale, scores + size_t(i) * stride, stride, rot);
   });
 }
 
