@@ -755,6 +755,9 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       return {codes + size_t(t) * code_stride, _mm256_set1_ps(fp16_to_fp32(sm[0])), _mm256_set1_ps(fp16_to_fp32(sm[1]))};
     }
   };
+  // kChunkGroups: each chunk lies in one group (groups of a multiple of
+  // Order::kCodes values), so one lookup serves the chunk's vectors.
+  template <bool kChunkGroups>
   struct GroupSource {
     using Order = simd8::Lanes8<B>;
     const uint8_t* codes;
@@ -770,6 +773,13 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
       const int32_t* lane_group;
       void chunk(int c, __m256* x) const {
         Order::unpack(codes + 8 * c, x);
+        if constexpr (kChunkGroups) {
+          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_group + c * Order::kCodes));
+          const __m256 s = _mm256_permutevar8x32_ps(scale, g), m = _mm256_permutevar8x32_ps(min, g);
+          #pragma GCC unroll 4
+          for (int k = 0; k < Order::kVecs; ++k) x[k] = _mm256_fmadd_ps(x[k], s, m);
+          return;
+        }
         #pragma GCC unroll 4
         for (int k = 0; k < Order::kVecs; ++k) {
           const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_group + (c * Order::kVecs + k) * 8));
@@ -804,7 +814,10 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     } else {
       const int groups = hd / group_;
       const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(groups), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      f(GroupSource{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
+      if (group_ % simd8::Lanes8<B>::kCodes == 0)
+        f(GroupSource<true>{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
+      else
+        f(GroupSource<false>{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
     }
   }
 #endif
