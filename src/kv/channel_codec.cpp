@@ -1085,7 +1085,7 @@ class ChannelCodec final : public KvCodec {
       return src;
     }
     const int groups = (n + group_ - 1) / group_;
-    float* buf = simd::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
+    float* buf = int_codec::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
     float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
     for (int tg = 0; tg < groups; ++tg) {
       if (compact_) {
@@ -1145,7 +1145,7 @@ class ChannelCodec final : public KvCodec {
       return src;
     }
     const int groups = (n + group_ - 1) / group_;
-    float* buf = simd8::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
+    float* buf = int_codec::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
     float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
     for (int tg = 0; tg < groups; ++tg) {
       load_affine(block, tg, first, hd, nat_s, nat_m);

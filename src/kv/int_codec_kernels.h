@@ -107,6 +107,16 @@ inline void split_pair_run(const fp16_t* pairs, int n, float* scale, float* min)
   }
 }
 
+// Per-thread buffers of the vector kernels (AVX-512's simd, AVX2's simd8):
+// slot 0 for the queries a kernel puts in lane order, slot 1 for a source's
+// per-call metadata.
+inline float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> bufs[2];
+  std::vector<float>& buf = bufs[slot];
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // The lane-order rotation rows the score kernels take (AVX-512's simd::score,
 // AVX2's simd8::score): for offsets [0, n), the rope table's cos row then sin
 // row, each chunk put in Order's lane order.
@@ -260,13 +270,6 @@ inline void fold_steps(const __m512* top, int nq, float qmax, float* step, float
   _mm_mask_storeu_ps(step, __mmask8((1u << nq) - 1), _mm_mul_ps(tops, _mm_set1_ps(1.0f / qmax)));
   const __mmask8 finite = _mm_cmp_ps_mask(tops, _mm_set1_ps(qmax / std::numeric_limits<float>::max()), _CMP_GT_OQ);
   _mm_storeu_ps(inv, _mm_maskz_div_ps(finite, _mm_set1_ps(qmax), tops));
-}
-
-inline float* scratch(int slot, size_t n) {
-  thread_local std::vector<float> bufs[2];
-  std::vector<float>& buf = bufs[slot];
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
 }
 
 // Rotates chunk c of a token's key (lane order, kVecs vectors) forward by the

@@ -1,12 +1,14 @@
-// Internal to the integer KV codecs (through int_codec_kernels.h): the AVX2
-// counterpart of its AVX-512 score and accumulate over token sources, for the
-// codecs that read token rows (token groups, q4_0, static scales) and have no
-// integer kernel on AVX2.
+// Internal to the integer KV codecs (through int_codec_kernels.h, whose
+// scratch() and rope_lanes() it uses): the AVX2 counterpart of its AVX-512
+// score and accumulate over token sources, for the codecs that read token
+// rows (token groups, q4_0, static scales, keys exactly before RoPE) and have
+// no integer kernel on AVX2.
 //
 // Why: before these, an AVX2 build scored such keys by decoding each token's
 // head slice into a scratch row and calling dot once per query (a full
-// horizontal sum each), and q4_0 decoded value by value. A layer at 16K with
-// plain `--kv-dtype int8` then took 1.7x FP16's time, and q4_0 18x.
+// horizontal sum each), and q4_0 and static scales decoded value by value. A
+// layer at 16K with plain `--kv-dtype int8` then took 1.7x FP16's time, q4_0
+// 18x, and a decode step with static scales 23x.
 //
 // A source is the same contract as on AVX-512, on 8 lanes: `token(t)` gives a
 // cursor whose `chunk(c, x)` dequantizes chunk c of the head slice into
@@ -101,15 +103,6 @@ struct Natural8 {
     for (int k = 0; k < V; ++k) nat[k] = lanes[k];
   }
 };
-
-// Per-thread buffers: slot 0 for the kernels' queries, slot 1 for a source's
-// per-call metadata.
-inline float* scratch(int slot, size_t n) {
-  thread_local std::vector<float> bufs[2];
-  std::vector<float>& buf = bufs[slot];
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
 
 // Rotates chunk c of a token's key (lane order, kVecs vectors) forward by the
 // RoPE angles of rows cs (cos) and cs + hd (sin, signed per pair element as
