@@ -1226,6 +1226,21 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
 
   void dequantize_head(const uint8_t* block, int slot, int kv_head, float* out) const {
     const int hd = shape_.head_dim, first = kv_head * hd;
+    if (head_major_) {  // whole q4_0 blocks: one scale each, no index arithmetic per value
+      for (int b = 0; b < head_blocks_; ++b) {
+        const uint8_t* blk = at(block, slot, kv_head * head_blocks_ + b);
+        fp16_t d16;
+        std::memcpy(&d16, blk, sizeof d16);
+        const float d = fp16_to_fp32(d16);
+        float* o = out + b * kBlock;
+        for (int j = 0; j < kBlock / 2; ++j) {
+          const uint8_t byte = blk[sizeof(fp16_t) + j];
+          o[j] = d * float((byte & 15) - 8);
+          o[j + kBlock / 2] = d * float((byte >> 4) - 8);
+        }
+      }
+      return;
+    }
     for (int i = 0; i < hd; ++i) {
       const int e = first + i, b = e / kBlock, j = e % kBlock;
       const uint8_t* blk = at(block, slot, b);
