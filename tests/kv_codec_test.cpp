@@ -603,9 +603,10 @@ TEST(KvCodec, PreRopeOffsetScoresMatchRotatedReference) {
         const int kv_dim = s.kv_dim(), hd = s.head_dim, bs = s.block_size;
         const std::vector<float> x = sample_rows(bs, kv_dim, 12);
         std::vector<uint8_t> block(codec->block_bytes());
-        for (int n : {bs, bs - 3, 1}) {
+        // One pass of query rows, and more (the AVX2 kernels then decode the block once).
+        for (auto [n, n_q] : {std::pair{bs, 3}, {bs, 5}, {bs - 3, 3}, {bs - 3, 5}, {1, 3}, {1, 5}}) {
           codec->encode_block(block.data(), x.data(), n);
-          const int n_q = 3, stride = bs + 1;
+          const int stride = bs + 1;
           const std::vector<float> q = sample_rows(n_q, hd, 13);
           std::vector<float> got(size_t(n_q) * stride), key(static_cast<size_t>(kv_dim));
           for (int h = 0; h < s.n_kv_heads; ++h) {

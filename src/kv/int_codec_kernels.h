@@ -109,9 +109,9 @@ inline void split_pair_run(const fp16_t* pairs, int n, float* scale, float* min)
 
 // Per-thread buffers of the vector kernels (AVX-512's simd, AVX2's simd8):
 // slot 0 for the queries a kernel puts in lane order, slot 1 for a source's
-// per-call metadata.
+// per-call metadata, slot 2 for a block's dequantized rows (simd8).
 inline float* scratch(int slot, size_t n) {
-  thread_local std::vector<float> bufs[2];
+  thread_local std::vector<float> bufs[3];
   std::vector<float>& buf = bufs[slot];
   if (buf.size() < n) buf.resize(n);
   return buf.data();

@@ -190,12 +190,59 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
   }
 }
 
+// A source's first n tokens dequantized (and, with rot, rotated) once into
+// lane-order floats, for calls with more query rows than one pass takes
+// (prefill tiles: 16 tokens' query groups per block): every pass then loads
+// floats instead of dequantizing each token again.
+template <class O>
+struct FloatRows {
+  using Order = O;
+  const float* rows;  // (n, head_dim) lane order
+  int head_dim;
+  struct Cursor {
+    const float* row;
+    void chunk(int c, __m256* x) const {
+      #pragma GCC unroll 4
+      for (int k = 0; k < Order::kVecs; ++k) x[k] = _mm256_loadu_ps(row + (c * Order::kVecs + k) * 8);
+    }
+  };
+  void prefetch(int) const {}
+  Cursor token(int t) const { return {rows + size_t(t) * head_dim}; }
+};
+template <class Src>
+FloatRows<typename Src::Order> dequantize_rows(const Src& src, int n, const float* rot) {
+  using Order = typename Src::Order;
+  constexpr int kVecs = Order::kVecs;
+  const int hd = src.head_dim, chunks = hd / Order::kCodes;
+  src.prefetch(n);
+  float* rows = scratch(2, size_t(n) * size_t(hd));
+  for (int t = 0; t < n; ++t) {
+    const auto tok = src.token(t);
+    for (int c = 0; c < chunks; ++c) {
+      __m256 x[kVecs];
+      tok.chunk(c, x);
+      if (rot != nullptr) rotate_chunk<kVecs>(rot + size_t(t) * 2 * hd, hd, c, x);
+      #pragma GCC unroll 4
+      for (int k = 0; k < kVecs; ++k) _mm256_storeu_ps(rows + size_t(t) * hd + (c * kVecs + k) * 8, x[k]);
+    }
+  }
+  return {rows, hd};
+}
+// Query rows past one pass (kvserve::simd::by_query_passes<3>).
+constexpr int kPassRows = 3;
+
 // q: (n_q, head_dim) floats, or (n, n_q, head_dim) with per_token_q. rot:
 // keys rotated by these rows first (rope_lanes; pre-RoPE keys by their
 // offset in the block), or nullptr.
 template <class Src>
 void score(const Src& src, const float* q, int n_q, bool per_token_q, int n, float scale, float* scores, int stride,
            const float* rot = nullptr) {
+  if constexpr (!std::is_same_v<Src, FloatRows<typename Src::Order>>) {
+    if (n_q > kPassRows && n > 0) {
+      score(dequantize_rows(src, n, rot), q, n_q, per_token_q, n, scale, scores, stride);
+      return;
+    }
+  }
   using Order = typename Src::Order;
   const int hd = src.head_dim;
   src.prefetch(n);
@@ -253,6 +300,12 @@ void accumulate_chunks(const Src& src, const float* weights, int stride, int n, 
 
 template <class Src>
 void accumulate(const Src& src, const float* weights, int n_q, int stride, int n, float* out) {
+  if constexpr (!std::is_same_v<Src, FloatRows<typename Src::Order>>) {
+    if (n_q > kPassRows && n > 0) {
+      accumulate(dequantize_rows(src, n, nullptr), weights, n_q, stride, n, out);
+      return;
+    }
+  }
   using Order = typename Src::Order;
   constexpr int kStep = 4 / Order::kVecs;  // chunks per pass: four vectors' sums per query
   const int hd = src.head_dim, chunks = hd / Order::kCodes;
