@@ -1072,41 +1072,12 @@ class ChannelCodec final : public KvCodec {
       return {block + size_t(t) * code_stride + code_off, scale + g, min + g};
     }
   };
-  // REQUIRES: simd_. Converts the head's metadata of the token groups that
-  // hold the first n tokens once, for every token of the call.
+  // REQUIRES: simd_. The head's scales and mins from lane_affine.
   Source source(const uint8_t* block, int n, int kv_head) const {
-    using Order = simd::Lanes<B>;
     const int hd = shape_.head_dim, first = kv_head * hd;
     const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(first) * B / 8;
-    Source src{block, head_major_ ? head_code_bytes_ : code_bytes_, code_off, hd, group_, nullptr, nullptr};
-    if (static_) {
-      src.scale = static_scale_lanes_.data() + first;
-      src.min = static_min_lanes_.data() + first;
-      return src;
-    }
-    const int groups = (n + group_ - 1) / group_;
-    float* buf = int_codec::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
-    float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
-    for (int tg = 0; tg < groups; ++tg) {
-      if (compact_) {
-        scale8::decode_run(run(block, tg, kv_head), hd, nat_s, nat_m);
-      } else {
-        const fp16_t* meta = pair(block, tg, first);
-        for (int d = 0; d < hd; d += 16) {
-          __m512 s, m;
-          simd::split_pairs(_mm512_loadu_si512(meta + 2 * d), s, m);
-          _mm512_storeu_ps(nat_s + d, s);
-          _mm512_storeu_ps(nat_m + d, m);
-        }
-      }
-      for (int d = 0; d < hd; d += Order::kCodes) {
-        Order::to_lanes(nat_s + d, sc + size_t(tg) * hd + d);
-        Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);
-      }
-    }
-    src.scale = sc;
-    src.min = mn;
-    return src;
+    const LaneAffine a = lane_affine<simd::Lanes<B>>(block, n, kv_head);
+    return {block, head_major_ ? head_code_bytes_ : code_bytes_, code_off, hd, group_, a.scale, a.min};
   }
 #elif defined(KVSERVE_TOKEN_SOURCES)
   // The same on 8 lanes (source_kernels8.h).
@@ -1135,15 +1106,24 @@ class ChannelCodec final : public KvCodec {
     }
   };
   Source source(const uint8_t* block, int n, int kv_head) const {
-    using Order = simd8::Lanes8<B>;
     const int hd = shape_.head_dim, first = kv_head * hd;
     const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(first) * B / 8;
-    Source src{codes, head_major_ ? head_code_bytes_ : code_bytes_, hd, group_, nullptr, nullptr};
-    if (static_) {
-      src.scale = static_scale_lanes_.data() + first;
-      src.min = static_min_lanes_.data() + first;
-      return src;
-    }
+    const LaneAffine a = lane_affine<simd8::Lanes8<B>>(block, n, kv_head);
+    return {codes, head_major_ ? head_code_bytes_ : code_bytes_, hd, group_, a.scale, a.min};
+  }
+#endif
+#if defined(KVSERVE_TOKEN_SOURCES)
+  // The head's per-channel scales and mins, (token group, head_dim) in
+  // Order's lane order, for the token groups holding the first n tokens:
+  // the calibrated ones as kept (static), else converted once per call into
+  // per-thread scratch, for every token of the call.
+  struct LaneAffine {
+    const float *scale, *min;
+  };
+  template <class Order>
+  LaneAffine lane_affine(const uint8_t* block, int n, int kv_head) const {
+    const int hd = shape_.head_dim, first = kv_head * hd;
+    if (static_) return {static_scale_lanes_.data() + first, static_min_lanes_.data() + first};
     const int groups = (n + group_ - 1) / group_;
     float* buf = int_codec::scratch(1, (size_t(groups) * 2 + 2) * size_t(hd));
     float *sc = buf, *mn = buf + size_t(groups) * hd, *nat_s = mn + size_t(groups) * hd, *nat_m = nat_s + hd;
@@ -1154,9 +1134,7 @@ class ChannelCodec final : public KvCodec {
         Order::to_lanes(nat_m + d, mn + size_t(tg) * hd + d);
       }
     }
-    src.scale = sc;
-    src.min = mn;
-    return src;
+    return {sc, mn};
   }
 #endif
 

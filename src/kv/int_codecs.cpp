@@ -715,16 +715,13 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   template <class F>
   void with_source(const uint8_t* block, int kv_head, F&& f) const {
     const int hd = shape_.head_dim;
-    const size_t code_off = head_major_ ? size_t(code_row(block, 0, kv_head) - block) : size_t(kv_head * hd) * B / 8;
-    const uint8_t* meta = head_major_ ? head_pairs(block, kv_head)
-                                      : reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_));
-    const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
-    const size_t meta_stride = head_major_ ? size_t(head_groups_) * 2 * sizeof(fp16_t) : token_bytes_;
+    const HeadRuns r = head_runs(block, kv_head);
+    const size_t code_off = size_t(r.codes - block);
     if (group_ >= hd) {
-      f(HeadSource{block, code_off, code_stride, meta, meta_stride, hd});
+      f(HeadSource{block, code_off, r.code_stride, r.meta, r.meta_stride, hd});
     } else {
       const __mmask16 mask = __mmask16((1u << (hd / group_)) - 1);
-      f(GroupSource{block, code_off, code_stride, meta, meta_stride, hd, mask, lane_group_.data()});
+      f(GroupSource{block, code_off, r.code_stride, r.meta, r.meta_stride, hd, mask, lane_group_.data()});
     }
   }
 #elif defined(KVSERVE_TOKEN_SOURCES)
@@ -804,21 +801,36 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   template <class F>
   void with_source(const uint8_t* block, int kv_head, F&& f) const {
     const int hd = shape_.head_dim;
-    const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(kv_head * hd) * B / 8;
-    const uint8_t* meta = head_major_ ? head_pairs(block, kv_head)
-                                      : reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_));
-    const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
-    const size_t meta_stride = head_major_ ? size_t(head_groups_) * 2 * sizeof(fp16_t) : token_bytes_;
+    const HeadRuns r = head_runs(block, kv_head);
     if (group_ >= hd) {
-      f(HeadSource{codes, code_stride, meta, meta_stride, hd});
+      f(HeadSource{r.codes, r.code_stride, r.meta, r.meta_stride, hd});
     } else {
       const int groups = hd / group_;
       const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(groups), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
       if (group_ % simd8::Lanes8<B>::kCodes == 0)
-        f(GroupSource<true>{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
+        f(GroupSource<true>{r.codes, r.code_stride, r.meta, r.meta_stride, hd, groups, mask, lane_group_.data()});
       else
-        f(GroupSource<false>{codes, code_stride, meta, meta_stride, hd, groups, mask, lane_group_.data()});
+        f(GroupSource<false>{r.codes, r.code_stride, r.meta, r.meta_stride, hd, groups, mask, lane_group_.data()});
     }
+  }
+#endif
+#if defined(KVSERVE_TOKEN_SOURCES)
+  // Where the sources read KV head kv_head: token 0's codes and (scale, min)
+  // pairs, and the bytes from one token's to the next's (with 8-bit scales
+  // the pairs are decoded into per-thread scratch, head_pairs).
+  struct HeadRuns {
+    const uint8_t* codes;
+    size_t code_stride;
+    const uint8_t* meta;
+    size_t meta_stride;
+  };
+  HeadRuns head_runs(const uint8_t* block, int kv_head) const {
+    const int hd = shape_.head_dim;
+    if (head_major_)
+      return {code_row(block, 0, kv_head), head_code_bytes_, head_pairs(block, kv_head),
+              size_t(head_groups_) * 2 * sizeof(fp16_t)};
+    return {block + size_t(kv_head * hd) * B / 8, token_bytes_,
+            reinterpret_cast<const uint8_t*>(pair(block, 0, kv_head * hd / group_)), token_bytes_};
   }
 #endif
 
