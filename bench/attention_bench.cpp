@@ -84,6 +84,11 @@ std::vector<CodecPair> codec_pairs() {
        128},
       {"fp8 (E4M3)", {KvDType::FP8}, {KvDType::FP8}},
       {"fp8_e5m2", {KvDType::FP8_E5M2}, {KvDType::FP8_E5M2}},
+      // Layouts a user can ask for beyond the presets (--kv-group 32,
+      // --kv-grouping channel, --kv-group 128: groups spanning two heads).
+      {"int4/token/g32", tok(KvDType::INT4, 32), tok(KvDType::INT4, 32)},
+      {"int4 channel/g16, V channel/g16", chan(KvDType::INT4, 16), chan(KvDType::INT4, 16)},
+      {"int4/token/g128 (token-major, two heads a group)", tok(KvDType::INT4, 128), tok(KvDType::INT4, 128)},
   };
 }
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
+#include <string>
 
 #include "kernels/rope_table.h"
 #include "kernels/vector_ops.h"
@@ -217,13 +219,18 @@ double max_abs(const float* x, int n) {
 // channel scales and rounded to L = channel_query_steps steps (16 or 8 bits):
 // per channel at most half a step of max_c |q_c scale_c| / L against a code
 // of at most 2^B - 1, and scale_c (2^B - 1) is the channel's range, at most
-// 2 max |k|.
+// 2 max |k|. Token-grouped keys scored as integers (token_query_steps) round
+// the query itself to steps of max |q| / L, against codes centred on their
+// group's midpoint: at most half a step of max |q| / L against half the
+// range, so the same bound holds with room to spare.
 double folded_query_error(const KvCodec& codec, const float* q, const uint8_t* block, int n, int kv_head,
                           float scale) {
-  if (!rounds_folded(codec, KvGrouping::Channel)) return 0;
+  int steps = 0;
+  if (rounds_folded(codec, KvGrouping::Channel)) steps = channel_query_steps(codec.config(), codec.shape());
+  else if (rounds_folded(codec, KvGrouping::Token)) steps = token_query_steps(codec.config(), codec.shape());
+  if (steps == 0) return 0;
   const int hd = codec.shape().head_dim;
-  return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) /
-         channel_query_steps(codec.config(), codec.shape());
+  return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) / steps;
 }
 
 // Values with one group per head are accumulated with u_t = w_t scale_t
@@ -404,6 +411,45 @@ TEST(KvCodec, EightBitQueryResidualAveragesOut) {
   }
 }
 
+// The same for token-grouped keys scored as integers (token_query_steps):
+// the query's rounding residual meets codes centred on each group's
+// midpoint, so over tokens whose codes cover every level of each channel
+// equally the mean error vanishes; uncentred it would be the midpoint
+// times the residuals' sum, steps large. Codes (t + c) mod 2^B, scale 1 and
+// min 0 in every group (each token's group holds every level).
+TEST(KvCodec, IntegerKeyQueryResidualAveragesOut) {
+  const KvBlockShape shape{32, 1, 64};
+  int ran = 0;
+  for (KvDType type : {KvDType::INT4, KvDType::INT2})
+    for (int group : {64, 16}) {
+      const KvCodecConfig config{type, KvGrouping::Token, group, {}, {}};
+      const int steps = token_query_steps(config, shape);
+      if (steps == 0) continue;
+      auto codec = make_kv_codec(config, shape);
+      const int hd = shape.head_dim, bs = shape.block_size, levels = type == KvDType::INT4 ? 16 : 4;
+      std::vector<float> x(size_t(bs) * hd);
+      for (int t = 0; t < bs; ++t)
+        for (int c = 0; c < hd; ++c) x[size_t(t) * hd + c] = float((t + c) % levels);
+      const std::vector<uint8_t> block = encode_exactly(*codec, x);
+      ASSERT_FALSE(block.empty());
+      const int n_q = 3;
+      const std::vector<float> q = sample_rows(n_q, hd, 9);
+      std::vector<float> s1(size_t(n_q) * bs), s2(s1.size());
+      codec->score(q.data(), n_q, block.data(), bs, 0, 1.0f, s1.data(), bs);
+      score_reference(*codec, q.data(), n_q, block.data(), bs, 0, 1.0f, s2.data(), bs);
+      for (int i = 0; i < n_q; ++i) {
+        const double step = max_abs(q.data() + size_t(i) * hd, hd) / steps;
+        double mean = 0;
+        for (int t = 0; t < bs; ++t) mean += (double(s1[size_t(i * bs + t)]) - s2[size_t(i * bs + t)]) / bs;
+        EXPECT_LT(std::fabs(mean), 0.05 * step) << config.describe() << " query " << i << ": mean error " << mean / step
+                                                << " steps";
+      }
+      ++ran;
+    }
+  if (ran == 0) GTEST_SKIP() << "no integer key kernel in this build";
+  EXPECT_EQ(ran, 4);
+}
+
 // The same for 8-bit value weights, 4- and 2-bit codes: the residual's
 // midpoint part joins the bias, so where each token's codes cover 0..2^B - 1
 // evenly across the channels the channels' mean error is that of float
@@ -530,6 +576,73 @@ TEST(KvCodec, EightBitKernelsHoldTheirSumsAtFullScale) {
     }
   }
   if (ran == 0) GTEST_SKIP() << "no 8-bit kernels in this build";
+}
+
+// Token-grouped keys scored as integers (token_query_steps > 0) against a
+// query the rounding leaves exact: every element a whole number of steps
+// (j 2^-6, |j| <= L, one of them L). What remains is float rounding of the
+// sums, so a code, lane, group or scale read in the wrong place shows at
+// full size instead of hiding in the rounding allowance. 8-bit codes meet
+// 16-bit queries here, 4- and 2-bit ones 8-bit queries; groups of a whole
+// head, finer groups (the lanes scaled per group), 8-bit scales and groups
+// spanning two heads (token-major rows).
+TEST(KvCodec, IntegerKeyScoresAreExactForRepresentableQueries) {
+  int ran = 0;
+  std::set<std::string> covered;  // dtype and how its groups sit in a 64-wide head
+  std::vector<Case> cases = model_cases();
+  // Groups of 8: whole lanes of 4- and 8-bit codes; a 2-bit lane spans two
+  // such groups, so int2 must take the float kernel here.
+  for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2})
+    cases.push_back({{t, KvGrouping::Token, 8, {}, {}}, KvBlockShape{16, 2, 64}});
+  for (const Case& c : cases) {
+    const int steps = token_query_steps(c.config, c.shape);
+    if (c.config.dtype == KvDType::INT2 && c.config.group_size == 8) {
+      EXPECT_EQ(steps, 0) << name(c);
+    }
+    if (steps == 0) continue;
+    if (c.shape.head_dim == 64 && c.config.scale_bits == 16) {
+      const int g = c.config.group_size > 0 ? c.config.group_size : 64;
+      covered.insert(std::string(kv_dtype_name(c.config.dtype)) + (g < 64 ? "/sub" : g > 64 ? "/span" : "/head"));
+    }
+    auto codec = make_kv_codec(c.config, c.shape);
+    const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
+    const std::vector<float> x = sample_rows(bs, kv_dim, 41);
+    std::vector<uint8_t> block(codec->block_bytes());
+    std::mt19937 rng(43);
+    std::uniform_int_distribution<int> step_count(-steps, steps);
+    for (int n : {bs, bs - 3, 1}) {
+      codec->encode_block(block.data(), x.data(), n);
+      for (int n_q : {1, 3, 5}) {
+        std::vector<float> q(size_t(n_q) * hd);
+        for (size_t e = 0; e < q.size(); ++e) q[e] = std::ldexp(float(e % size_t(hd) == 5 ? steps : step_count(rng)), -6);
+        const int stride = bs + 1;
+        for (int h = 0; h < c.shape.n_kv_heads; ++h) {
+          std::vector<float> got(size_t(n_q) * stride), ref(got.size());
+          codec->score(q.data(), n_q, block.data(), n, h, 0.125f, got.data(), stride);
+          score_reference(*codec, q.data(), n_q, block.data(), n, h, 0.125f, ref.data(), stride);
+          // The same queries at another scale (a thread reuses its last rounding of them): twice the scores.
+          std::vector<float> twice(got.size());
+          codec->score(q.data(), n_q, block.data(), n, h, 0.25f, twice.data(), stride);
+          const double top = max_decoded(*codec, block.data(), n, h);
+          for (int i = 0; i < n_q; ++i) {
+            for (int t = 0; t < n; ++t)
+              ASSERT_FLOAT_EQ(twice[size_t(i * stride + t)], 2 * got[size_t(i * stride + t)]) << name(c) << " token " << t;
+            double terms = 0;  // the size of what the sums add: float rounding is relative to it
+            for (int d = 0; d < hd; ++d) terms += std::fabs(double(q[size_t(i) * hd + d])) * top;
+            for (int t = 0; t < n; ++t) {
+              const float r = ref[size_t(i * stride + t)];
+              ASSERT_NEAR(got[size_t(i * stride + t)], r, 1e-5 * (1 + std::fabs(r)) + 2e-6 * 0.125 * terms)
+                  << name(c) << " n " << n << " n_q " << n_q << " head " << h << " query " << i << " token " << t;
+            }
+          }
+        }
+      }
+    }
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no integer key kernel in this build";
+  // Every width with groups of a head, finer ones and ones spanning two heads.
+  EXPECT_EQ(covered.size(), 9u);
 }
 
 TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {

@@ -3,6 +3,7 @@
 #include "kv/channel_codec.h"
 #include "kv/int_codec_kernels.h"
 #include "kv/scale8.h"
+#include "kv/token_key_scores8.h"
 #include "util/error.h"
 
 #include <atomic>
@@ -15,7 +16,8 @@ std::atomic<bool> g_byte_value_weights{true};
 
 // Whether TokenGroupCodec accumulates these values with 8-bit weights
 // (accumulate_bytes): 4- or 2-bit dynamic codes with one group per head, head-major,
-// in blocks of 32+ tokens (a multiple of 4), on AVX-512 VNNI + VBMI builds.
+// in blocks of 32+ tokens (a multiple of 4), on AVX-512 VNNI + VBMI builds;
+// of 16+ tokens on AVX2 builds.
 // Heads of a multiple of 64 channels take the vector kernel; heads the
 // vector float path cannot walk either (not a multiple of 32 channels:
 // stories260K's 8) a scalar loop with the same numbers. The rest keep the
@@ -24,20 +26,44 @@ std::atomic<bool> g_byte_value_weights{true};
 // work ate the gain: 0.99-1.01x of the 16-bit layer time against 0.95x at 32 tokens
 // (BM_ValueWeights, BENCHMARKS.md), as for the keys' 8-bit query.
 // AVX2 builds (accumulate_bytes8) take the same numbers, with vpmaddubsw
-// over token pairs.
+// over token pairs; there 16-token blocks gain as well (int4 token groups,
+// a 4K layer in cache on Zen 2: 903 -> 779 us against 16-bit weights).
 static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 #if (defined(__AVX512VBMI__) && defined(__AVX512VNNI__)) || \
     (!defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+  constexpr int kMinBlock = 32;
+#else
+  constexpr int kMinBlock = 16;
+#endif
   // A head's codes must fill whole bytes: otherwise the block is stored
   // token by token (head_major_), not in the per-head runs these kernels read.
   const int bits = c.dtype == KvDType::INT4 ? 4 : 2;
   return g_byte_value_weights.load(std::memory_order_relaxed) && (c.dtype == KvDType::INT4 || c.dtype == KvDType::INT2) &&
          c.grouping == KvGrouping::Token && !c.is_static() && c.group_size == s.head_dim &&
          s.head_dim * bits % 8 == 0 && (s.head_dim % 64 == 0 || s.head_dim % 32 != 0) && s.head_dim % 2 == 0 &&
-         s.block_size >= 32 && s.block_size % 4 == 0;
+         s.block_size >= kMinBlock && s.block_size % 4 == 0;
 #else
   (void)c, (void)s;
   return false;
+#endif
+}
+
+// Whether TokenGroupCodec<B> scores keys in groups of `group` values as
+// integer dot products (token_key_scores8.h; AVX2 builds): head slices of
+// whole units (64 codes; 32 of 8 bits), and a whole head in one group or
+// head-major groups (at most 8 a head) of whole lanes. Returns the query's
+// rounding steps (key_query_steps), else 0.
+template <int B>
+int integer_key_steps(int group, const KvBlockShape& s) {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  const int hd = s.head_dim;
+  if (hd % simd8::KeyLanes<B>::kCodes != 0) return 0;
+  const bool fits = group >= hd || (hd % group == 0 && hd / group <= 8 && !simd8::key_lane_groups<B>(hd, group).empty());
+  return fits ? simd8::key_query_steps<B>(hd) : 0;
+#else
+  (void)group, (void)s;
+  return 0;
 #endif
 }
 
@@ -54,6 +80,7 @@ class SliceCodec : public KvCodec {
 
   void score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
              int stride) const override {
+    if (self().integer_score(q, n_q, block, n, kv_head, scale, scores, stride)) return;
 #if defined(KVSERVE_TOKEN_SOURCES)
     if (self().simd_ready()) {
       self().with_source(block, kv_head,
@@ -106,8 +133,9 @@ class SliceCodec : public KvCodec {
   }
 
  protected:
-  // A codec with a faster accumulate for some layouts hides this and returns
-  // true where it ran.
+  // A codec with a faster score or accumulate for some layouts hides these
+  // and returns true where it ran.
+  bool integer_score(const float*, int, const uint8_t*, int, int, float, float*, int) const { return false; }
   bool integer_accumulate(const float*, int, int, const uint8_t*, int, int, float*) const { return false; }
 
  private:
@@ -161,6 +189,10 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #if !defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
     pairs_ready_ = head_major_ && group_ == s.head_dim && B >= 4 && s.head_dim % 16 == 0;
     byte_weights_ = byte_weight_kernel(c, s);
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    integer_keys_ = integer_key_steps<B>(group_, s) > 0;
+    if (integer_keys_ && group_ < s.head_dim) key_lane_groups_ = simd8::key_lane_groups<B>(s.head_dim, group_);
 #endif
 #if !defined(__AVX512F__) && defined(KVSERVE_TOKEN_SOURCES)
     using Order = simd8::Lanes8<B>;
@@ -289,6 +321,54 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #if defined(KVSERVE_TOKEN_SOURCES)
   bool simd_ready() const { return simd_; }
 #endif
+
+  // Keys as integer dot products against the query rounded once per call
+  // (token_key_scores8.h), on AVX2 builds: head slices of whole units
+  // (64 codes; 32 of 8 bits) and groups of whole lanes, at most 8 a head.
+  bool integer_score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
+                     int stride) const {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    if (!integer_keys_ || n <= 0) return false;
+    const int hd = shape_.head_dim, units = hd / simd8::KeyLanes<B>::kCodes;
+    const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(kv_head * hd) * B / 8;
+    const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
+    const int groups = group_ >= hd ? 1 : head_groups_;
+    thread_local std::vector<float> affines;
+    const size_t per = (size_t(shape_.block_size) * groups + 7) / 8 * 8;  // past n: read, never stored
+    affines.resize(2 * per);
+    float *sc = affines.data(), *mn = sc + per;
+    head_affines(block, kv_head, n, sc, mn);
+    const simd8::KeyQueries kq = simd8::round_queries<B>(q, n_q, hd, group_, scale);
+    simd::prefetch_rows(codes, code_stride, n, size_t(hd) * B / 8);
+    simd::by_query_passes<3>(n_q, [&](auto m, int i) {
+      if (groups == 1)
+        simd8::score_head_group<B, m>(codes, code_stride, units, kq, i, sc, mn, n, scores, stride);
+      else
+        simd8::score_sub_groups<B, m>(codes, code_stride, units, kq, i, sc, mn, groups, key_lane_groups_.data(), n,
+                                      scores, stride);
+    });
+    return true;
+#else
+    (void)q, (void)n_q, (void)block, (void)n, (void)kv_head, (void)scale, (void)scores, (void)stride;
+    return false;
+#endif
+  }
+  // The first n tokens' (scale, min) of every group of KV head kv_head as
+  // floats: sc, mn (n, groups in the head; one where a group spans heads).
+  void head_affines(const uint8_t* block, int kv_head, int n, float* sc, float* mn) const {
+    if (compact_) {
+      scale8::decode_run(head_run(block, kv_head), shape_.block_size * head_groups_, sc, mn);
+    } else if (head_major_) {
+      split_pair_run(reinterpret_cast<const fp16_t*>(head_run(block, kv_head)), n * head_groups_, sc, mn);
+    } else {
+      for (int t = 0; t < n; ++t) {
+        fp16_t sm[2];
+        std::memcpy(sm, pair(block, t, kv_head * shape_.head_dim / group_), sizeof sm);
+        sc[t] = fp16_to_fp32(sm[0]);
+        mn[t] = fp16_to_fp32(sm[1]);
+      }
+    }
+  }
 
 #if defined(__AVX512BW__) || (defined(__AVX2__) && defined(__FMA__))
   // Values with one group per head (head-major, 8- or 4-bit codes):
@@ -886,6 +966,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
   [[maybe_unused]] bool byte_weights_ = false;  // ... with 8-bit weights (accumulate_bytes)
   static constexpr float kMid = 0.5f * float((1 << B) - 1);  // the codes' midpoint (8-bit weight folds)
   std::vector<int32_t> lane_group_;  // (head_dim) when groups are finer than a head
+  bool integer_keys_ = false;              // integer_score applies
+  std::vector<int32_t> key_lane_groups_;  // its lanes' groups (simd8::key_lane_groups)
 
 #if defined(__AVX512BW__)
   // 32 bytes of a token's codes as 16-bit words: B = 8, one vector of
@@ -1365,6 +1447,18 @@ std::unique_ptr<KvCodec> make_int_codec(const KvCodecConfig& config, const KvBlo
 
 int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
   return int_codec::byte_weight_kernel(config, shape) ? 127 : 0;
+}
+
+int token_query_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
+  if (config.grouping != KvGrouping::Token || config.is_static() || !kv_dtype_is_quantized(config.dtype) ||
+      config.dtype == KvDType::Q4_0)
+    return 0;
+  const int group = config.group_size > 0 ? config.group_size : shape.head_dim;  // 0: the default, a head
+  switch (config.dtype) {
+    case KvDType::INT8: return int_codec::integer_key_steps<8>(group, shape);
+    case KvDType::INT4: return int_codec::integer_key_steps<4>(group, shape);
+    default: return int_codec::integer_key_steps<2>(group, shape);
+  }
 }
 
 void set_byte_value_weights(bool enabled) { int_codec::g_byte_value_weights.store(enabled); }

@@ -17,10 +17,17 @@ std::unique_ptr<KvCodec> make_q4_0_codec(const KvCodecConfig& config, const KvBl
 // The rounding steps across the largest folded value weight (w_t scale_t)
 // in the accumulate of 4-bit values with one group per head: 127 where they
 // meet 8-bit weights (vpdpbusd; AVX-512 VNNI and VBMI builds, blocks of 32+
-// tokens, a multiple of 4), else 0 (16-bit or float weights). For error bounds.
+// tokens, a multiple of 4; vpmaddubsw on AVX2 builds, blocks of 16+), else 0
+// (16-bit or float weights). For error bounds.
 // config as the codec holds it (group size resolved); the answer is what a
 // codec created now would do (see set_byte_value_weights).
 int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape);
+
+// The rounding steps across max |q| of the query that token-grouped keys are
+// scored against as integers (AVX2 builds, token_key_scores8.h): 127 for
+// 4- and 2-bit codes, up to 32767 for 8-bit ones; 0 where keys are scored in
+// floats. For error bounds, as token_weight_steps.
+int token_query_steps(const KvCodecConfig& config, const KvBlockShape& shape);
 
 // Process-wide, for benchmarks and tests: false makes codecs created from
 // then on keep 16-bit weights where they would take 8-bit ones.
