@@ -15,13 +15,15 @@
 namespace kvserve::testing_attention {
 
 // The largest |kernel score - exact q·k| over the blocks of the context whose
-// keys are scored against an 8-bit folded query (channel_query_steps() ==
-// 127); 0 when there are none. Every weight then moves by a factor within
-// e^(±2 delta) and the attention output by at most (e^(2 delta) - 1) max |v|.
-// Each block's error is first checked against the format's worst case (as
-// in kv_codec_test: per channel half a step of max_c |q_c scale_c| / 127
-// against a code of at most 15, scale_c 15 <= 2 max |k|), so a wrong kernel
-// cannot widen the allowance it is then judged by.
+// keys are scored against a rounded query: an 8-bit folded one
+// (channel_query_steps() == 127), or, for token-grouped keys scored as
+// integers, the query itself rounded to token_query_steps() steps; 0 when
+// there are none. Every weight then moves by a factor within e^(±2 delta)
+// and the attention output by at most (e^(2 delta) - 1) max |v|. Each
+// block's error is first checked against the format's worst case (as in
+// kv_codec_test: per channel half a step of max_c |q_c scale_c| / L against
+// a code of at most 2^B - 1, scale_c (2^B - 1) <= 2 max |k|), so a wrong
+// kernel cannot widen the allowance it is then judged by.
 inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTable& table, int32_t n_ctx,
                                   int kv_head, int group, int head_dim, const float* q) {
   const int32_t bs = cache.block_size();
@@ -32,7 +34,11 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
   for (int32_t b = 0; b * bs < n_ctx; ++b) {
     const int n = std::min(bs, n_ctx - b * bs);
     const KvBlockView kb = cache.k_view(layer, table, b, n_ctx);
-    if (cache.k_pre_rope(layer) || channel_query_steps(kb.codec->config(), kb.codec->shape()) != 127) continue;
+    if (cache.k_pre_rope(layer)) continue;
+    const int steps = channel_query_steps(kb.codec->config(), kb.codec->shape()) == 127
+                          ? 127
+                          : token_query_steps(kb.codec->config(), kb.codec->shape());
+    if (steps == 0) continue;
     kb.codec->score(q, group, kb.data, n, kv_head, scale, s.data(), bs);
     double max_k = 0;
     for (int t = 0; t < n; ++t) {
@@ -49,7 +55,7 @@ inline double rounded_query_delta(const KvCache& cache, int layer, const BlockTa
           max_q = std::max(max_q, std::fabs(double(q[i * head_dim + d])));
         }
         const double err = std::fabs(double(s[size_t(i * bs + t)]) - scale * dot);
-        EXPECT_LE(err, 1.01 * scale * head_dim * max_q * max_k / 127 + 1e-4 * (1 + std::fabs(scale * dot)))
+        EXPECT_LE(err, 1.01 * scale * head_dim * max_q * max_k / steps + 1e-4 * (1 + std::fabs(scale * dot)))
             << "block " << b << " token " << t << " query " << i;
         delta = std::max(delta, err);
       }
