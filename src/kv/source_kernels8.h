@@ -45,6 +45,18 @@ inline void join_even_odd(__m256 even, __m256 odd, __m256& a, __m256& b) {
   b = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
+// Four scores (nt <= 4 of them real) to dst: a block's last tokens store
+// only theirs.
+inline void store_scores4(float* dst, __m128 sums, int nt) {
+  if (nt == 4) {
+    _mm_storeu_ps(dst, sums);
+  } else {
+    alignas(16) float four[4];
+    _mm_store_ps(four, sums);
+    std::copy(four, four + nt, dst);
+  }
+}
+
 template <int B>
 struct Lanes8 {
   static constexpr int kVecs = 8 / B;
@@ -179,13 +191,7 @@ void score_queries(const Src& src, const float* qp, size_t q_token_stride, int n
     for (int i = 0; i < NQ; ++i) {
       const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(part[i][0], part[i][1]), _mm256_hadd_ps(part[i][2], part[i][3]));
       const __m128 sums = _mm_mul_ps(_mm_set1_ps(scale), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-      if (nt == 4) {
-        _mm_storeu_ps(scores + size_t(i) * stride + t0, sums);
-      } else {
-        alignas(16) float four[4];
-        _mm_store_ps(four, sums);
-        std::copy(four, four + nt, scores + size_t(i) * stride + t0);
-      }
+      store_scores4(scores + size_t(i) * stride + t0, sums, nt);
     }
   }
 }

@@ -3,7 +3,8 @@
 //
 // Why: the float source kernel (source_kernels8.h) turns every code into a
 // float, applies its token's scale and min, and only then meets the query:
-// in cache, plain `--kv-dtype int4` keys took 1.3x FP16's time. With the
+// a 4K layer of plain `--kv-dtype int4` took 1.36x FP16's time in cache
+// (BENCHMARKS.md, "Token-grouped keys as integer dot products"). With the
 // key's affine form factored out,
 //   q . k_t = sum_g scale_tg (q_g . code_tg) + sum_g min_tg sum(q_g),
 // the products q_g . code_tg are integer dot products: vpmaddubsw for 4- and
@@ -14,7 +15,8 @@
 // A token's head slice is read in units (KeyLanes<B>::kCodes codes) that
 // give two integer vectors; the query is rounded and put in the same order
 // once per call (order_query). After the products, int32 lane i of a unit
-// holds the sum over a fixed set of the unit's codes (lane_span): with one
+// holds the sum over a fixed set of the unit's codes (lane_first,
+// kLaneSpan): with one
 // (scale, min) per head the lanes of four tokens reduce together in
 // integers; groups finer than a head scale each lane by its group's scale.
 #pragma once
@@ -45,6 +47,19 @@ inline __m256i pack_words(__m256i a, __m256i b) {
 
 inline __m256i load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The even and odd elements of 16 K floats, scaled by inv and rounded: K
+// vectors of 8 each.
+template <int K>
+inline void rounded_even_odd(const float* q, __m256 inv, __m256i* even, __m256i* odd) {
+  #pragma GCC unroll 4
+  for (int k = 0; k < K; ++k) {
+    __m256 e, o;
+    split_even_odd(_mm256_loadu_ps(q + 16 * k), _mm256_loadu_ps(q + 16 * k + 8), e, o);
+    even[k] = _mm256_cvtps_epi32(_mm256_mul_ps(e, inv));
+    odd[k] = _mm256_cvtps_epi32(_mm256_mul_ps(o, inv));
+  }
+}
+
 // How a unit of a token's codes becomes integer lanes, and the query's order.
 template <int B>
 struct KeyLanes;
@@ -66,12 +81,10 @@ struct KeyLanes<4> {
   static int lane_first(int i) { return 8 * i; }
   static constexpr int kLaneSpan = 8;
   static void order_query(const float* q, __m256 inv, __m256i* out) {
-    __m256 e[4], o[4];
-    #pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) split_even_odd(_mm256_loadu_ps(q + 16 * k), _mm256_loadu_ps(q + 16 * k + 8), e[k], o[k]);
-    auto r = [&](__m256 x) { return _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)); };
-    out[0] = pack_bytes(r(e[0]), r(e[1]), r(e[2]), r(e[3]));
-    out[1] = pack_bytes(r(o[0]), r(o[1]), r(o[2]), r(o[3]));
+    __m256i e[4], o[4];
+    rounded_even_odd<4>(q, inv, e, o);
+    out[0] = pack_bytes(e[0], e[1], e[2], e[3]);
+    out[1] = pack_bytes(o[0], o[1], o[2], o[3]);
   }
   static __m256i dot(const __m256i* x, const int32_t* q) {
 #if defined(__AVXVNNI__)
@@ -136,12 +149,10 @@ struct KeyLanes<8> {
   static int lane_first(int i) { return 4 * i; }
   static constexpr int kLaneSpan = 4;
   static void order_query(const float* q, __m256 inv, __m256i* out) {
-    __m256 e[2], o[2];
-    #pragma GCC unroll 2
-    for (int k = 0; k < 2; ++k) split_even_odd(_mm256_loadu_ps(q + 16 * k), _mm256_loadu_ps(q + 16 * k + 8), e[k], o[k]);
-    auto r = [&](__m256 x) { return _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)); };
-    out[0] = pack_words(r(e[0]), r(e[1]));
-    out[1] = pack_words(r(o[0]), r(o[1]));
+    __m256i e[2], o[2];
+    rounded_even_odd<2>(q, inv, e, o);
+    out[0] = pack_words(e[0], e[1]);
+    out[1] = pack_words(o[0], o[1]);
   }
   static __m256i dot(const __m256i* x, const int32_t* q) {
 #if defined(__AVXVNNI__)
@@ -301,14 +312,7 @@ void score_head_group(const uint8_t* codes, size_t code_stride, int units, const
                                      _mm_set1_ps(kq.mid_terms[size_t(i0 + i) * 8]));
       const __m128 r = _mm_mul_ps(_mm_set1_ps(kq.a[i0 + i]),
                                   _mm_fmadd_ps(sums, s4, _mm_mul_ps(m4, _mm_set1_ps(kq.group_sums[size_t(i0 + i) * 8]))));
-      float* dst = scores + size_t(i0 + i) * stride + t0;
-      if (nt == 4) {
-        _mm_storeu_ps(dst, r);
-      } else {
-        alignas(16) float four[4];
-        _mm_store_ps(four, r);
-        std::copy(four, four + nt, dst);
-      }
+      store_scores4(scores + size_t(i0 + i) * stride + t0, r, nt);
     }
   }
 }
@@ -354,14 +358,7 @@ void score_sub_groups(const uint8_t* codes, size_t code_stride, int units, const
       const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(part[i][0], part[i][1]), _mm256_hadd_ps(part[i][2], part[i][3]));
       const __m128 r = _mm_mul_ps(_mm_set1_ps(kq.a[i0 + i]),
                                   _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-      float* dst = scores + size_t(i0 + i) * stride + t0;
-      if (nt == 4) {
-        _mm_storeu_ps(dst, r);
-      } else {
-        alignas(16) float four[4];
-        _mm_store_ps(four, r);
-        std::copy(four, four + nt, dst);
-      }
+      store_scores4(scores + size_t(i0 + i) * stride + t0, r, nt);
     }
   }
 }
