@@ -219,15 +219,15 @@ double max_abs(const float* x, int n) {
 // channel scales and rounded to L = channel_query_steps steps (16 or 8 bits):
 // per channel at most half a step of max_c |q_c scale_c| / L against a code
 // of at most 2^B - 1, and scale_c (2^B - 1) is the channel's range, at most
-// 2 max |k|. Token-grouped keys scored as integers (token_query_steps) round
-// the query itself to steps of max |q| / L, against codes centred on their
-// group's midpoint: at most half a step of max |q| / L against half the
-// range, so the same bound holds with room to spare.
+// 2 max |k|. Token-grouped and q4_0 keys scored as integers
+// (token_query_steps) round the query itself to steps of max |q| / L,
+// against codes centred on their group's midpoint: at most half a step of
+// max |q| / L against half the range, so the same bound holds with room to
+// spare.
 double folded_query_error(const KvCodec& codec, const float* q, const uint8_t* block, int n, int kv_head,
                           float scale) {
-  int steps = 0;
-  if (rounds_folded(codec, KvGrouping::Channel)) steps = channel_query_steps(codec.config(), codec.shape());
-  else if (rounds_folded(codec, KvGrouping::Token)) steps = token_query_steps(codec.config(), codec.shape());
+  const int steps = rounds_folded(codec, KvGrouping::Channel) ? channel_query_steps(codec.config(), codec.shape())
+                                                             : token_query_steps(codec.config(), codec.shape());
   if (steps == 0) return 0;
   const int hd = codec.shape().head_dim;
   return 1.01 * scale * hd * max_abs(q, hd) * max_decoded(codec, block, n, kv_head) / steps;
@@ -594,6 +594,10 @@ TEST(KvCodec, IntegerKeyScoresAreExactForRepresentableQueries) {
   // such groups, so int2 must take the float kernel here.
   for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2})
     cases.push_back({{t, KvGrouping::Token, 8, {}, {}}, KvBlockShape{16, 2, 64}});
+  // Heads of 192 channels: unit counts the kernels only know at run time.
+  for (KvDType t : {KvDType::INT8, KvDType::INT4, KvDType::INT2})
+    for (int g : {0, 64}) cases.push_back({{t, KvGrouping::Token, g, {}, {}}, KvBlockShape{16, 1, 192}});
+  cases.push_back({{KvDType::Q4_0}, KvBlockShape{16, 1, 192}});
   for (const Case& c : cases) {
     const int steps = token_query_steps(c.config, c.shape);
     if (c.config.dtype == KvDType::INT2 && c.config.group_size == 8) {
@@ -602,7 +606,9 @@ TEST(KvCodec, IntegerKeyScoresAreExactForRepresentableQueries) {
     if (steps == 0) continue;
     if (c.shape.head_dim == 64 && c.config.scale_bits == 16) {
       const int g = c.config.group_size > 0 ? c.config.group_size : 64;
-      covered.insert(std::string(kv_dtype_name(c.config.dtype)) + (g < 64 ? "/sub" : g > 64 ? "/span" : "/head"));
+      covered.insert(c.config.dtype == KvDType::Q4_0
+                         ? std::string("q4_0")
+                         : std::string(kv_dtype_name(c.config.dtype)) + (g < 64 ? "/sub" : g > 64 ? "/span" : "/head"));
     }
     auto codec = make_kv_codec(c.config, c.shape);
     const int kv_dim = c.shape.kv_dim(), hd = c.shape.head_dim, bs = c.shape.block_size;
@@ -641,8 +647,9 @@ TEST(KvCodec, IntegerKeyScoresAreExactForRepresentableQueries) {
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "no integer key kernel in this build";
-  // Every width with groups of a head, finer ones and ones spanning two heads.
-  EXPECT_EQ(covered.size(), 9u);
+  // Every width with groups of a head, finer ones and ones spanning two
+  // heads; and q4_0 (its blocks the groups).
+  EXPECT_EQ(covered.size(), 10u);
 }
 
 TEST(KvCodec, VectorKernelsMatchReferenceAtModelShapes) {

@@ -57,12 +57,26 @@ static bool byte_weight_kernel(const KvCodecConfig& c, const KvBlockShape& s) {
 template <int B>
 int integer_key_steps(int group, const KvBlockShape& s) {
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  using L = simd8::KeyLanes<B>;
   const int hd = s.head_dim;
-  if (hd % simd8::KeyLanes<B>::kCodes != 0) return 0;
-  const bool fits = group >= hd || (hd % group == 0 && hd / group <= 8 && !simd8::key_lane_groups<B>(hd, group).empty());
-  return fits ? simd8::key_query_steps<B>(hd) : 0;
+  if (hd % L::kCodes != 0) return 0;
+  const bool fits = group >= hd || (hd % group == 0 && hd / group <= 8 && !simd8::key_lane_groups<L>(hd, group).empty());
+  return fits ? simd8::key_query_steps<L>(hd) : 0;
 #else
   (void)group, (void)s;
+  return 0;
+#endif
+}
+
+// The same for llama.cpp's q4_0 blocks (Q4_0Codec): heads of whole 64-value
+// units, at most 8 blocks.
+inline int q4_0_key_steps(const KvBlockShape& s) {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  using L = simd8::KeyLanesQ4_0;
+  const bool fits = s.head_dim % L::kCodes == 0 && s.head_dim / 32 <= 8 && !simd8::key_lane_groups<L>(s.head_dim, 32).empty();
+  return fits ? simd8::key_query_steps<L>(s.head_dim) : 0;
+#else
+  (void)s;
   return 0;
 #endif
 }
@@ -192,7 +206,7 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
 #endif
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
     integer_keys_ = integer_key_steps<B>(group_, s) > 0;
-    if (integer_keys_ && group_ < s.head_dim) key_lane_groups_ = simd8::key_lane_groups<B>(s.head_dim, group_);
+    if (integer_keys_ && group_ < s.head_dim) key_lane_groups_ = simd8::key_lane_groups<simd8::KeyLanes<B>>(s.head_dim, group_);
 #endif
 #if !defined(__AVX512F__) && defined(KVSERVE_TOKEN_SOURCES)
     using Order = simd8::Lanes8<B>;
@@ -338,14 +352,17 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     affines.resize(2 * per);
     float *sc = affines.data(), *mn = sc + per;
     head_affines(block, kv_head, n, sc, mn);
-    const simd8::KeyQueries kq = simd8::round_queries<B>(q, n_q, hd, group_, scale);
+    using L = simd8::KeyLanes<B>;
+    const simd8::KeyQueries kq = simd8::round_queries<L>(q, n_q, hd, group_, scale);
     simd::prefetch_rows(codes, code_stride, n, size_t(hd) * B / 8);
-    simd::by_query_passes<3>(n_q, [&](auto m, int i) {
-      if (groups == 1)
-        simd8::score_head_group<B, m>(codes, code_stride, units, kq, i, sc, mn, n, scores, stride);
-      else
-        simd8::score_sub_groups<B, m>(codes, code_stride, units, kq, i, sc, mn, groups, key_lane_groups_.data(), n,
-                                      scores, stride);
+    simd8::with_units(units, [&](auto u) {
+      simd::by_query_passes<3>(n_q, [&](auto m, int i) {
+        if (groups == 1)
+          simd8::score_head_group<L, m, u>(codes, code_stride, units, kq, i, sc, mn, n, scores, stride);
+        else
+          simd8::score_sub_groups<L, m, u>(codes, code_stride, units, kq, i, simd8::ArrayAffines(sc, mn, groups),
+                                           key_lane_groups_.data(), n, scores, stride);
+      });
     });
     return true;
 #else
@@ -1289,7 +1306,12 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
       : SliceCodec(c, s),
         token_bytes_(size_t(s.kv_dim() / kBlock) * kBlockBytes),
         head_major_(s.head_dim % kBlock == 0),
-        head_blocks_(s.head_dim / kBlock) {}
+        head_blocks_(s.head_dim / kBlock) {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    integer_keys_ = q4_0_key_steps(s) > 0;
+    if (integer_keys_) key_lane_groups_ = simd8::key_lane_groups<simd8::KeyLanesQ4_0>(s.head_dim, kBlock);
+#endif
+  }
 
   size_t block_bytes() const override { return size_t(shape_.block_size) * token_bytes_; }
 
@@ -1349,6 +1371,32 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
 #if defined(KVSERVE_TOKEN_SOURCES)
   bool simd_ready() const { return shape_.head_dim % kBlock == 0; }
 #endif
+
+  // Keys as integer dot products on AVX2 builds (token_key_scores8.h), each
+  // q4_0 block a group: scale d, min -8 d.
+  bool integer_score(const float* q, int n_q, const uint8_t* block, int n, int kv_head, float scale, float* scores,
+                     int stride) const {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    if (!integer_keys_ || n <= 0) return false;
+    using L = simd8::KeyLanesQ4_0;
+    const int hd = shape_.head_dim, groups = head_blocks_;
+    const uint8_t* codes = at(block, 0, kv_head * head_blocks_);
+    const size_t code_stride = size_t(head_blocks_) * kBlockBytes;
+    const simd8::KeyQueries kq = simd8::round_queries<L>(q, n_q, hd, kBlock, scale);
+    simd::prefetch_rows(codes, code_stride, n, code_stride);
+    const BlockScales scales{codes, code_stride, groups};
+    simd8::with_units(hd / L::kCodes, [&](auto u) {
+      simd::by_query_passes<3>(n_q, [&](auto m, int i) {
+        simd8::score_sub_groups<L, m, u>(codes, code_stride, hd / L::kCodes, kq, i, scales, key_lane_groups_.data(), n,
+                                         scores, stride);
+      });
+    });
+    return true;
+#else
+    (void)q, (void)n_q, (void)block, (void)n, (void)kv_head, (void)scale, (void)scores, (void)stride;
+    return false;
+#endif
+  }
 #if defined(__AVX512F__)
 
   // A chunk is one q4_0 block: its low nibbles are values 0..15, its high
@@ -1424,9 +1472,39 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
     return block + ((size_t(h) * shape_.block_size + size_t(slot)) * head_blocks_ + size_t(b % head_blocks_)) * kBlockBytes;
   }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  // Token t's block scales d (at the start of each block's bytes; at most 8)
+  // and the mins -8 d, for score_sub_groups: read where they lie.
+  struct BlockScales {
+    const uint8_t* codes;
+    size_t stride;
+    int blocks;
+    void operator()(int t, __m256& scale, __m256& min) const {
+      const uint8_t* p = codes + size_t(t) * stride;
+      auto d = [&](int b) {
+        uint16_t h;
+        std::memcpy(&h, p + size_t(b) * kBlockBytes, sizeof h);
+        return uint64_t(h);
+      };
+      __m128i words;
+      if (blocks == 2) {  // head_dim 64
+        words = _mm_cvtsi32_si128(int(d(0) | d(1) << 16));
+      } else {
+        uint64_t halves[2] = {0, 0};
+        for (int b = 0; b < blocks; ++b) halves[b / 4] |= d(b) << (16 * (b % 4));
+        words = _mm_set_epi64x(int64_t(halves[1]), int64_t(halves[0]));
+      }
+      scale = _mm256_cvtph_ps(words);
+      min = _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
+    }
+  };
+#endif
+
   size_t token_bytes_;
   bool head_major_;
   int head_blocks_;  // q4_0 blocks per head (head-major)
+  bool integer_keys_ = false;              // integer_score applies
+  std::vector<int32_t> key_lane_groups_;  // its lanes' blocks (simd8::key_lane_groups)
 };
 
 template <int B>
@@ -1450,9 +1528,8 @@ int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
 }
 
 int token_query_steps(const KvCodecConfig& config, const KvBlockShape& shape) {
-  if (config.grouping != KvGrouping::Token || config.is_static() || !kv_dtype_is_quantized(config.dtype) ||
-      config.dtype == KvDType::Q4_0)
-    return 0;
+  if (config.dtype == KvDType::Q4_0) return int_codec::q4_0_key_steps(shape);
+  if (config.grouping != KvGrouping::Token || config.is_static() || !kv_dtype_is_quantized(config.dtype)) return 0;
   const int group = config.group_size > 0 ? config.group_size : shape.head_dim;  // 0: the default, a head
   switch (config.dtype) {
     case KvDType::INT8: return int_codec::integer_key_steps<8>(group, shape);

@@ -23,10 +23,11 @@ std::unique_ptr<KvCodec> make_q4_0_codec(const KvCodecConfig& config, const KvBl
 // codec created now would do (see set_byte_value_weights).
 int token_weight_steps(const KvCodecConfig& config, const KvBlockShape& shape);
 
-// The rounding steps across max |q| of the query that token-grouped keys are
-// scored against as integers (AVX2 builds, token_key_scores8.h): 127 for
-// 4- and 2-bit codes, up to 32767 for 8-bit ones; 0 where keys are scored in
-// floats. For error bounds, as token_weight_steps.
+// The rounding steps across max |q| of the query that token-grouped and
+// q4_0 keys are scored against as integers (AVX2 builds,
+// token_key_scores8.h): 127 for 4- and 2-bit codes and q4_0, up to 32767 for
+// 8-bit ones; 0 where keys are scored in floats. For error bounds, as
+// token_weight_steps.
 int token_query_steps(const KvCodecConfig& config, const KvBlockShape& shape);
 
 // Process-wide, for benchmarks and tests: false makes codecs created from

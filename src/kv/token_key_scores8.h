@@ -1,5 +1,6 @@
-// Internal to TokenGroupCodec (int_codecs.cpp): AVX2 scores of token-grouped
-// integer keys against queries rounded to integers, with no key dequantized.
+// Internal to TokenGroupCodec and Q4_0Codec (int_codecs.cpp): AVX2 scores of
+// token-grouped integer keys and q4_0 keys against queries rounded to
+// integers, with no key dequantized.
 //
 // Why: the float source kernel (source_kernels8.h) turns every code into a
 // float, applies its token's scale and min, and only then meets the query:
@@ -70,7 +71,7 @@ struct KeyLanes;
 // ones: int32 lane i codes 8i .. 8i + 7.
 template <>
 struct KeyLanes<4> {
-  static constexpr int kCodes = 64, kBytes = 32, kSteps = 127;
+  static constexpr int kCodes = 64, kBytes = 32, kSteps = 127, kMaxCode = 15;
   static void unpack(const uint8_t* p, __m256i* x) {
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), nib = _mm256_set1_epi8(0x0F);
     x[0] = _mm256_and_si256(b, nib);
@@ -106,7 +107,7 @@ struct KeyLanes<4> {
 // i / 4.
 template <>
 struct KeyLanes<2> {
-  static constexpr int kCodes = 64, kBytes = 16, kSteps = 127;
+  static constexpr int kCodes = 64, kBytes = 16, kSteps = 127, kMaxCode = 3;
   static void unpack(const uint8_t* p, __m256i* x) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 2), 1);
@@ -140,7 +141,7 @@ struct KeyLanes<2> {
 // order, the two added: int32 lane i holds codes 4i .. 4i + 3.
 template <>
 struct KeyLanes<8> {
-  static constexpr int kCodes = 32, kBytes = 32, kSteps = 32767;
+  static constexpr int kCodes = 32, kBytes = 32, kSteps = 32767, kMaxCode = 255;
   static void unpack(const uint8_t* p, __m256i* x) {
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     x[0] = _mm256_and_si256(b, _mm256_set1_epi16(0xFF));
@@ -163,20 +164,45 @@ struct KeyLanes<8> {
   }
 };
 
+// llama.cpp's q4_0 (Q4_0Codec): a unit is two of its blocks, 64 values in
+// 36 bytes (an fp16 scale d, then 16 bytes: byte j holds value j in its low
+// nibble, j + 16 in its high one). The two blocks' code bytes fill the two
+// halves of a vector: x[0] low nibbles (half 0 byte j: value j, half 1:
+// 32 + j), x[1] high ones (16 + j, 48 + j). int32 lane i: values 4i' ..
+// 4i' + 3 and 16 + 4i' .. 16 + 4i' + 3 of block i / 4 (i' = i % 4). A
+// value is d (code - 8): the affine form with scale d and min -8 d.
+struct KeyLanesQ4_0 {
+  static constexpr int kCodes = 64, kBytes = 36, kSteps = 127, kMaxCode = 15;
+  static void unpack(const uint8_t* p, __m256i* x) {
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 20));
+    const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(b0), b1, 1), nib = _mm256_set1_epi8(0x0F);
+    x[0] = _mm256_and_si256(y, nib);
+    x[1] = _mm256_and_si256(_mm256_srli_epi16(y, 4), nib);
+  }
+  static int lane_first(int i) { return 32 * (i / 4) + 4 * (i % 4); }
+  static constexpr int kLaneSpan = 20;  // 4 values, 12 skipped, 4 more
+  static void order_query(const float* q, __m256 inv, __m256i* out) {
+    auto r = [&](int first) { return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + first), inv)); };
+    out[0] = pack_bytes(r(0), r(8), r(32), r(40));
+    out[1] = pack_bytes(r(16), r(24), r(48), r(56));
+  }
+  static __m256i dot(const __m256i* x, const int32_t* q) { return KeyLanes<4>::dot(x, q); }
+};
+
 // The rounding steps across max |q| (the test's error bound): 8-bit queries
 // for 4- and 2-bit codes; for 8-bit codes as many as int32 sums of head_dim
 // products with codes up to 255 allow, at most 16 bits.
-template <int B>
+template <class L>
 int key_query_steps(int head_dim) {
-  return int(std::min<int64_t>(KeyLanes<B>::kSteps, INT32_MAX / (int64_t((1 << B) - 1) * head_dim)));
+  return int(std::min<int64_t>(L::kSteps, INT32_MAX / (int64_t(L::kMaxCode) * head_dim)));
 }
 
 // The group (of head_dim / groups) of each int32 lane of each unit, or an
 // empty table where a lane's codes straddle two groups (the kernel then
 // does not apply).
-template <int B>
+template <class L>
 std::vector<int32_t> key_lane_groups(int head_dim, int group) {
-  using L = KeyLanes<B>;
   std::vector<int32_t> table;
   for (int u = 0; u * L::kCodes < head_dim; ++u)
     for (int i = 0; i < 8; ++i) {
@@ -191,7 +217,7 @@ std::vector<int32_t> key_lane_groups(int head_dim, int group) {
 // units, 2) vectors of 8 int32 words), with per query a = scale * step and,
 // per group g (lanes past the groups zero; all zero where q is):
 //   group_sums G_g = sum(q_g) / step, the mins' factor;
-//   mid_terms  C_g = mid (G_g - sum(r_g)), mid = (2^B - 1) / 2.
+//   mid_terms  C_g = mid (G_g - sum(r_g)), mid = L::kMaxCode / 2.
 // The rounding then errs against codes centred on the group's midpoint:
 //   q_g . code = step (sum_d r_d code_d + C_g) + sum_d (q_d - step r_d)(code_d - mid),
 // half the codes' range instead of all of it (and both signs).
@@ -201,12 +227,22 @@ struct KeyQueries {
   const float* group_sums;  // (n_q, 8)
   const float* mid_terms;   // (n_q, 8)
 };
+// Whether n floats (a multiple of 8) are bit for bit the same: inline, a
+// quarter of the cost of a memcmp call here.
+inline bool same_floats(const float* a, const float* b, size_t n) {
+  __m256i diff = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 8)
+    diff = _mm256_or_si256(diff, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
+  return _mm256_testz_si256(diff, diff);
+}
+
 // A call with the same queries and parameters as this thread's last one
 // (decode scores every block of a KV head against one query group) reuses
 // them: rounding three queries cost as much as scoring a 16-token block.
-template <int B>
+template <class L>
 KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float scale) {
-  const int units = head_dim / KeyLanes<B>::kCodes, groups = std::max(1, head_dim / group);
+  const int units = head_dim / L::kCodes, groups = std::max(1, head_dim / group);
   thread_local std::vector<int32_t> words;
   thread_local std::vector<float> floats;
   thread_local std::vector<float> last_q;
@@ -214,7 +250,7 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
   thread_local float last_scale = 0;
   const size_t q_floats = size_t(n_q) * head_dim;
   if (last_q.size() == q_floats && last_dims[0] == head_dim && last_dims[1] == group && last_scale == scale &&
-      std::memcmp(last_q.data(), q, q_floats * sizeof(float)) == 0)
+      same_floats(last_q.data(), q, q_floats))
     return {words.data(), floats.data(), floats.data() + n_q, floats.data() + n_q + size_t(n_q) * 8};
   last_q.assign(q, q + q_floats);
   last_dims[0] = head_dim;
@@ -223,8 +259,8 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
   words.resize(size_t(n_q) * units * 16);
   floats.resize(size_t(n_q) * 17);
   float *a = floats.data(), *sums = a + n_q, *mids = sums + size_t(n_q) * 8;
-  constexpr float kMid = 0.5f * float((1 << B) - 1);
-  const float steps = float(key_query_steps<B>(head_dim));
+  constexpr float kMid = 0.5f * float(L::kMaxCode);
+  const float steps = float(key_query_steps<L>(head_dim));
   for (int i = 0; i < n_q; ++i) {
     const float* qi = q + size_t(i) * head_dim;
     __m256 top = _mm256_setzero_ps();
@@ -234,7 +270,7 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
     const float inv = step > 0 ? 1.0f / step : 0.0f;
     for (int u = 0; u < units; ++u) {
       __m256i w[2];
-      KeyLanes<B>::order_query(qi + u * KeyLanes<B>::kCodes, _mm256_set1_ps(inv), w);
+      L::order_query(qi + u * L::kCodes, _mm256_set1_ps(inv), w);
       int32_t* dst = &words[(size_t(i) * units + u) * 16];
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), w[0]);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8), w[1]);
@@ -269,11 +305,39 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
   return {words.data(), a, sums, mids};
 }
 
+// Token t's (at most 8) group scales and mins from arrays sc, mn (n, groups);
+// lanes past the groups zero.
+struct ArrayAffines {
+  const float *sc, *mn;
+  int groups;
+  __m256i live;
+  ArrayAffines(const float* s, const float* m, int g)
+      : sc(s), mn(m), groups(g), live(_mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
+  void operator()(int t, __m256& scale, __m256& min) const {
+    scale = _mm256_maskload_ps(sc + size_t(t) * groups, live);
+    min = _mm256_maskload_ps(mn + size_t(t) * groups, live);
+  }
+};
+
+// f(std::integral_constant<int, U>{}) with U = units where heads commonly
+// have that many (1, 2 or 4: 64 or 128 channels), else 0 (a count known at
+// run time). Loops of known length unroll into one straight block: with a
+// run-time count the 4-bit kernel's time in cache moved by up to 40% with
+// unrelated changes elsewhere in the binary (Zen 2).
+template <class F>
+void with_units(int units, F&& f) {
+  switch (units) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: f(std::integral_constant<int, 0>{}); break;
+  }
+}
+
 // The int32 lanes of unit products for query rows [i0, i0 + NQ) against
 // token t: acc[i] (lanes summed over units when every lane has one scale).
-template <int B, int NQ>
+template <class L, int NQ>
 inline void token_products(const uint8_t* codes, int units, const int32_t* qw, __m256i (&acc)[NQ]) {
-  using L = KeyLanes<B>;
   #pragma GCC unroll 4
   for (int u = 0; u < units; ++u) {
     __m256i x[2];
@@ -289,9 +353,10 @@ inline void token_products(const uint8_t* codes, int units, const int32_t* qw, _
 // One (scale, min) per token for the head: sc[t], mn[t] (readable up to n
 // rounded up to 4). Four tokens' int32 lanes reduce together, then
 // score = a (sc_t (sum + C) + mn_t G).
-template <int B, int NQ>
-void score_head_group(const uint8_t* codes, size_t code_stride, int units, const KeyQueries& kq, int i0,
+template <class L, int NQ, int kUnits>
+void score_head_group(const uint8_t* codes, size_t code_stride, int run_units, const KeyQueries& kq, int i0,
                       const float* sc, const float* mn, int n, float* scores, int stride) {
+  const int units = kUnits > 0 ? kUnits : run_units;
   for (int t0 = 0; t0 < n; t0 += 4) {
     const int nt = std::min(4, n - t0);
     __m256i part[NQ][4];
@@ -299,7 +364,7 @@ void score_head_group(const uint8_t* codes, size_t code_stride, int units, const
     for (int u = 0; u < 4; ++u) {
       const int t = t0 + std::min(u, nt - 1);  // past n: a repeat, not stored
       __m256i acc[NQ];
-      token_products<B, NQ>(codes + size_t(t) * code_stride, units, kq.words + size_t(i0) * units * 16, acc);
+      token_products<L, NQ>(codes + size_t(t) * code_stride, units, kq.words + size_t(i0) * units * 16, acc);
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i) part[i][u] = acc[i];
     }
@@ -317,36 +382,38 @@ void score_head_group(const uint8_t* codes, size_t code_stride, int units, const
   }
 }
 
-// Groups finer than a head (at most 8): sc, mn (n, groups); lane_groups
-// (units, 8) from key_lane_groups. Each lane is scaled by its group's scale
-// in floats, the mins meet the group sums, and four tokens reduce together.
-template <int B, int NQ>
-void score_sub_groups(const uint8_t* codes, size_t code_stride, int units, const KeyQueries& kq, int i0,
-                      const float* sc, const float* mn, int groups, const int32_t* lane_groups, int n,
-                      float* scores, int stride) {
-  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(groups), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+// Groups finer than a head (at most 8): the token's group scales and mins
+// come from Affines (ArrayAffines, or a codec's own reader: q4_0 keeps its
+// scales among the codes); lane_groups (units, 8) from key_lane_groups.
+// Each lane is scaled by its group's scale in floats, the mins meet the
+// group sums, and four tokens reduce together.
+template <class L, int NQ, int kUnits, class Affines>
+void score_sub_groups(const uint8_t* codes, size_t code_stride, int run_units, const KeyQueries& kq, int i0,
+                      const Affines& affines, const int32_t* lane_groups, int n, float* scores, int stride) {
+  const int units = kUnits > 0 ? kUnits : run_units;
   for (int t0 = 0; t0 < n; t0 += 4) {
     const int nt = std::min(4, n - t0);
     __m256 part[NQ][4];
     #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {
       const int t = t0 + std::min(u, nt - 1);
-      const __m256 gsc = _mm256_maskload_ps(sc + size_t(t) * groups, live);
-      const __m256 gmn = _mm256_maskload_ps(mn + size_t(t) * groups, live);
+      __m256 gsc, gmn;
+      affines(t, gsc, gmn);
       __m256 f[NQ];
       #pragma GCC unroll 4
       for (int i = 0; i < NQ; ++i)
         f[i] = _mm256_fmadd_ps(gsc, _mm256_loadu_ps(kq.mid_terms + size_t(i0 + i) * 8),
                                _mm256_mul_ps(gmn, _mm256_loadu_ps(kq.group_sums + size_t(i0 + i) * 8)));
       const uint8_t* row = codes + size_t(t) * code_stride;
+      #pragma GCC unroll 4
       for (int un = 0; un < units; ++un) {
         __m256i x[2];
-        KeyLanes<B>::unpack(row + un * KeyLanes<B>::kBytes, x);
+        L::unpack(row + un * L::kBytes, x);
         const __m256 lane_scale = _mm256_permutevar8x32_ps(
             gsc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_groups + un * 8)));
         #pragma GCC unroll 4
         for (int i = 0; i < NQ; ++i) {
-          const __m256i d = KeyLanes<B>::dot(x, kq.words + (size_t(i0 + i) * units + un) * 16);
+          const __m256i d = L::dot(x, kq.words + (size_t(i0 + i) * units + un) * 16);
           f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), lane_scale, f[i]);
         }
       }
