@@ -343,7 +343,8 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
                      int stride) const {
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
     if (!integer_keys_ || n <= 0) return false;
-    const int hd = shape_.head_dim, units = hd / simd8::KeyLanes<B>::kCodes;
+    using L = simd8::KeyLanes<B>;
+    const int hd = shape_.head_dim, units = hd / L::kCodes;
     const uint8_t* codes = head_major_ ? code_row(block, 0, kv_head) : block + size_t(kv_head * hd) * B / 8;
     const size_t code_stride = head_major_ ? head_code_bytes_ : token_bytes_;
     const int groups = group_ >= hd ? 1 : head_groups_;
@@ -352,7 +353,6 @@ class TokenGroupCodec final : public SliceCodec<TokenGroupCodec<B>> {
     affines.resize(2 * per);
     float *sc = affines.data(), *mn = sc + per;
     head_affines(block, kv_head, n, sc, mn);
-    using L = simd8::KeyLanes<B>;
     const simd8::KeyQueries kq = simd8::round_queries<L>(q, n_q, hd, group_, scale);
     simd::prefetch_rows(codes, code_stride, n, size_t(hd) * B / 8);
     simd8::with_units(units, [&](auto u) {
@@ -1379,16 +1379,16 @@ class Q4_0Codec final : public SliceCodec<Q4_0Codec> {
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
     if (!integer_keys_ || n <= 0) return false;
     using L = simd8::KeyLanesQ4_0;
-    const int hd = shape_.head_dim, groups = head_blocks_;
+    const int hd = shape_.head_dim, units = hd / L::kCodes, groups = head_blocks_;
     const uint8_t* codes = at(block, 0, kv_head * head_blocks_);
     const size_t code_stride = size_t(head_blocks_) * kBlockBytes;
     const simd8::KeyQueries kq = simd8::round_queries<L>(q, n_q, hd, kBlock, scale);
     simd::prefetch_rows(codes, code_stride, n, code_stride);
     const BlockScales scales{codes, code_stride, groups};
-    simd8::with_units(hd / L::kCodes, [&](auto u) {
+    simd8::with_units(units, [&](auto u) {
       simd::by_query_passes<3>(n_q, [&](auto m, int i) {
-        simd8::score_sub_groups<L, m, u>(codes, code_stride, hd / L::kCodes, kq, i, scales, key_lane_groups_.data(), n,
-                                         scores, stride);
+        simd8::score_sub_groups<L, m, u>(codes, code_stride, units, kq, i, scales, key_lane_groups_.data(), n, scores,
+                                         stride);
       });
     });
     return true;

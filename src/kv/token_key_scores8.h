@@ -227,16 +227,6 @@ struct KeyQueries {
   const float* group_sums;  // (n_q, 8)
   const float* mid_terms;   // (n_q, 8)
 };
-// Whether n floats (a multiple of 8) are bit for bit the same: inline, a
-// quarter of the cost of a memcmp call here.
-inline bool same_floats(const float* a, const float* b, size_t n) {
-  __m256i diff = _mm256_setzero_si256();
-  for (size_t i = 0; i < n; i += 8)
-    diff = _mm256_or_si256(diff, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
-  return _mm256_testz_si256(diff, diff);
-}
-
 // A call with the same queries and parameters as this thread's last one
 // (decode scores every block of a KV head against one query group) reuses
 // them: rounding three queries cost as much as scoring a 16-token block.
@@ -249,9 +239,14 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
   thread_local int last_dims[2] = {0, 0};  // head_dim, group
   thread_local float last_scale = 0;
   const size_t q_floats = size_t(n_q) * head_dim;
+  // floats: a (n_q), then group_sums and mid_terms (n_q, 8) each.
+  auto view = [&] {
+    const float* a = floats.data();
+    return KeyQueries{words.data(), a, a + n_q, a + n_q + size_t(n_q) * 8};
+  };
   if (last_q.size() == q_floats && last_dims[0] == head_dim && last_dims[1] == group && last_scale == scale &&
-      same_floats(last_q.data(), q, q_floats))
-    return {words.data(), floats.data(), floats.data() + n_q, floats.data() + n_q + size_t(n_q) * 8};
+      std::memcmp(last_q.data(), q, q_floats * sizeof(float)) == 0)
+    return view();
   last_q.assign(q, q + q_floats);
   last_dims[0] = head_dim;
   last_dims[1] = group;
@@ -302,7 +297,7 @@ KeyQueries round_queries(const float* q, int n_q, int head_dim, int group, float
       gm[g] = kMid * (gs[g] - float(rounded));
     }
   }
-  return {words.data(), a, sums, mids};
+  return view();
 }
 
 // Token t's (at most 8) group scales and mins from arrays sc, mn (n, groups);
@@ -322,8 +317,8 @@ struct ArrayAffines {
 // f(std::integral_constant<int, U>{}) with U = units where heads commonly
 // have that many (1, 2 or 4: 64 or 128 channels), else 0 (a count known at
 // run time). Loops of known length unroll into one straight block: with a
-// run-time count the 4-bit kernel's time in cache moved by up to 40% with
-// unrelated changes elsewhere in the binary (Zen 2).
+// run-time count an unrelated change elsewhere in the binary made the int4
+// layer ~45% slower in cache (Zen 2; BENCHMARKS.md).
 template <class F>
 void with_units(int units, F&& f) {
   switch (units) {
