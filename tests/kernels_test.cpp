@@ -17,6 +17,7 @@
 #include "kernels/weight_matrix.h"
 #include "kernels/weight_quantize.h"
 #include "util/half.h"
+#include "util/simd.h"
 #include "util/thread_pool.h"
 
 namespace kvserve {
@@ -641,6 +642,42 @@ TEST(VectorOps, SoftmaxExponentialIsWithinTwoUlp) {
   EXPECT_EQ(tiny[0], 1.0f);
   for (int i = 1; i < 4; ++i) EXPECT_EQ(tiny[i], 0.0f) << i;
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// The vector exponential is one sequence of float operations on every tier
+// (AVX-512 scales by scalef; AVX2 rounds through 1.5 * 2^23 and adds to the
+// exponent field, or takes two powers of two where a lane is subnormal):
+// each lane must equal that sequence done in scalar, bit for bit, including
+// vectors that mix normal and subnormal lanes.
+float exp_nonpositive_sequence(float x) {
+  x = std::max(x, -104.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693145751953125f, x);
+  r = std::fma(-n, 1.42860676533018708e-6f, r);
+  float p = 1.0f / 5040;
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = std::fma(p, r, c);
+  return std::ldexp(p, int(n));  // one rounding, subnormal results included
+}
+
+TEST(VectorOps, VectorExponentialIsOneSequenceOfOperations) {
+  long mismatches = 0, subnormal = 0;
+  for (float x = -112.0f; x <= 0.0f; x += 1.7e-4f) {
+    // Lane k: x shifted so that some vectors are all normal results, some
+    // mixed, some all subnormal or zero.
+    alignas(32) float in[8], out[8];
+    for (int k = 0; k < 8; ++k) in[k] = std::max(x - 3.5f * float(k), -120.0f);
+    _mm256_store_ps(out, simd::exp_nonpositive(_mm256_load_ps(in)));
+    for (int k = 0; k < 8; ++k) {
+      const float want = exp_nonpositive_sequence(in[k]);
+      subnormal += want != 0.0f && want < std::numeric_limits<float>::min();
+      if (std::memcmp(&out[k], &want, sizeof want) != 0 && ++mismatches <= 5)
+        ADD_FAILURE() << "exp(" << in[k] << ") = " << out[k] << ", the sequence gives " << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(subnormal, 10000);  // the slow path was taken
+}
+#endif
 
 TEST(VectorOps, SiluMulMatchesReference) {
   for (int64_t n : kSizes) {

@@ -72,14 +72,27 @@ inline __m512 exp_nonpositive(__m512 x) {
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-// exp_nonpositive on 8 lanes, the same operations bit for bit: AVX2 has no
-// scalef, so 2^n (n >= -150) is applied as two exact powers of two whose
-// exponents stay normal (n / 2 each). The first product is exact, so the
-// second rounds once, as scalef does, subnormal results included.
+// exp_nonpositive on 8 lanes, the same operations bit for bit. Two steps
+// differ in form, not in result, because this core tier issues one 256-bit
+// FMA or multiply a cycle on the Zen 2 host (BENCHMARKS.md, thirty-first
+// session) and the polynomial already takes ten:
+// - n = round(x log2e) by adding and subtracting 1.5 * 2^23 (|x log2e| <
+//   151, so the sum's unit is 1 and rounds to nearest even, as roundps
+//   does); n's integer is then the sum's low bits, without a cvtps2dq.
+// - AVX2 has no scalef. While every lane has n >= -125, p 2^n is normal
+//   (p > 0.7) and exact, so adding n to p's exponent field gives it. Below,
+//   2^n (n >= -150) is applied as two exact powers of two whose exponents
+//   stay normal (n / 2 each): the first product is exact, so the second
+//   rounds once, as scalef does, subnormal results included.
 inline __m256 exp_nonpositive(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
+  __m256 scaled = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  // The product must round before the sum (ties decide n): an empty asm
+  // keeps GCC from contracting the two into one FMA.
+  asm("" : "+x"(scaled));
+  const __m256 n_magic = _mm256_add_ps(scaled, magic);
+  const __m256 n = _mm256_sub_ps(n_magic, magic);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860676533018708e-6f), r);
   __m256 p = _mm256_set1_ps(1.0f / 5040);
@@ -90,7 +103,11 @@ inline __m256 exp_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);  // n <= 0: half = floor(n / 2)
+  const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(n_magic), _mm256_castps_si256(magic));
+  const __m256i subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(-125), ni);
+  if (_mm256_testz_si256(subnormal, subnormal)) [[likely]]
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23)));
+  const __m256i half = _mm256_srai_epi32(ni, 1);  // n <= 0: half = floor(n / 2)
   auto pow2 = [](__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); };
   return _mm256_mul_ps(_mm256_mul_ps(p, pow2(half)), pow2(_mm256_sub_epi32(ni, half)));
 }
