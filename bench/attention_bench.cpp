@@ -474,6 +474,56 @@ void BM_InstructionRate(benchmark::State& state) {
   state.counters["vpdpbusd_per_cycle"] = add_ns / dot_ns;
 }
 BENCHMARK(BM_InstructionRate)->Iterations(3)->UseRealTime();
+#elif defined(__AVX2__) && defined(__FMA__)
+// The AVX2 counterpart: the clock, and how many 256-bit vpmaddubsw (the
+// integer kernels' multiply without VNNI: int4-small needs twelve per token
+// and KV head, 6 for the keys and 6 for the values, two 16-lane vectors per
+// query and 64 channels) and FMAs (the exponential's polynomial, the FP16
+// kernels) one core issues per cycle, from twelve independent chains each
+// (more than latency times throughput for either).
+// Written out chain by chain: an array of chains was spilled to the stack,
+// and the store-to-load latency then bounded the loop.
+template <class Op>
+double chains_ns_per_op(Op op) {
+  constexpr int64_t kRounds = 10'000'000;
+  __m256i a0 = _mm256_set1_epi8(1), a1 = _mm256_set1_epi8(2), a2 = _mm256_set1_epi8(3), a3 = _mm256_set1_epi8(4),
+          a4 = _mm256_set1_epi8(5), a5 = _mm256_set1_epi8(6), a6 = _mm256_set1_epi8(7), a7 = _mm256_set1_epi8(8),
+          a8 = _mm256_set1_epi8(9), a9 = _mm256_set1_epi8(10), a10 = _mm256_set1_epi8(11), a11 = _mm256_set1_epi8(12);
+  __m256i b = _mm256_set1_epi8(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < kRounds; ++i) {
+    a0 = op(a0, b), a1 = op(a1, b), a2 = op(a2, b), a3 = op(a3, b);
+    a4 = op(a4, b), a5 = op(a5, b), a6 = op(a6, b), a7 = op(a7, b);
+    a8 = op(a8, b), a9 = op(a9, b), a10 = op(a10, b), a11 = op(a11, b);
+    asm volatile("" : "+x"(b));  // keeps the loop from being folded away
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  // Consumed in registers (DoNotOptimize on each made GCC store every chain
+  // every round, and the stores then bounded the loop).
+  asm volatile("" ::"x"(a0), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5));
+  asm volatile("" ::"x"(a6), "x"(a7), "x"(a8), "x"(a9), "x"(a10), "x"(a11));
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / double(kRounds * 12);
+}
+void BM_InstructionRate(benchmark::State& state) {
+  constexpr int64_t kAdds = 100'000'000;
+  double add_ns = 0, maddubs_ns = 0, fma_ns = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t x = 0;
+    for (int64_t i = 0; i < kAdds; ++i) asm volatile("add $1, %0" : "+r"(x));
+    add_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / double(kAdds);
+    // The product of bytes below 16 stays far from vpmaddubsw's saturation.
+    maddubs_ns = chains_ns_per_op([](__m256i a, __m256i b) { return _mm256_maddubs_epi16(a, b); });
+    fma_ns = chains_ns_per_op([](__m256i a, __m256i) {  // converges to 1.0: no subnormal operands
+      return _mm256_castps_si256(
+          _mm256_fmadd_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0.999f), _mm256_set1_ps(1e-3f)));
+    });
+  }
+  state.counters["clock_ghz"] = 1.0 / add_ns;
+  state.counters["vpmaddubsw_per_cycle"] = add_ns / maddubs_ns;
+  state.counters["vfmadd_per_cycle"] = add_ns / fma_ns;
+}
+BENCHMARK(BM_InstructionRate)->Iterations(3)->UseRealTime();
 #endif
 
 }  // namespace
