@@ -100,10 +100,16 @@ float exp_shifted(float* x, int64_t n, float* max_out) {
   }
   return _mm512_reduce_add_ps(vsum);
 #elif defined(__AVX2__) && defined(__FMA__)
+  // Four running maxima, as the AVX-512 path (the largest is the same in
+  // any order).
   int64_t i = 0;
-  __m256 vmax = _mm256_set1_ps(x[0]);
-  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-  max_val = simd::hmax8(vmax);
+  __m256 vmax[4];
+  for (__m256& m : vmax) m = _mm256_set1_ps(x[0]);
+  for (; i + 32 <= n; i += 32)
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) vmax[k] = _mm256_max_ps(vmax[k], _mm256_loadu_ps(x + i + 8 * k));
+  for (; i + 8 <= n; i += 8) vmax[0] = _mm256_max_ps(vmax[0], _mm256_loadu_ps(x + i));
+  max_val = simd::hmax8(_mm256_max_ps(_mm256_max_ps(vmax[0], vmax[1]), _mm256_max_ps(vmax[2], vmax[3])));
   for (; i < n; ++i) max_val = std::max(max_val, x[i]);
   if (max_out != nullptr) *max_out = max_val;
   const __m256 shift = _mm256_set1_ps(max_val);
