@@ -208,8 +208,8 @@ BENCHMARK(BM_MemoryRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 // A softmax row's exponentials (exp_shifted: the row's maximum, then
 // e^(x - max) and their sum), as decode attention runs them once per query
 // head and context token: ns per score. Scores spread like attention logits
-// (sd 3); the row is restored from a copy each time (the copy timed too,
-// ~0.04 ns per score).
+// (sd 3); the row is restored from a copy each time, and the copy is timed
+// with it.
 void BM_ExpShifted(benchmark::State& state) {
   const int64_t n = state.range(0);
   std::vector<float> scores(static_cast<size_t>(n)), row(static_cast<size_t>(n));
