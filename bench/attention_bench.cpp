@@ -512,7 +512,7 @@ void BM_InstructionRate(benchmark::State& state) {
     int64_t x = 0;
     for (int64_t i = 0; i < kAdds; ++i) asm volatile("add $1, %0" : "+r"(x));
     add_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / double(kAdds);
-    // The product of bytes below 16 stays far from vpmaddubsw's saturation.
+    // What the chains hold does not matter: vpmaddubsw takes the same time saturated or not.
     maddubs_ns = chains_ns_per_op([](__m256i a, __m256i b) { return _mm256_maddubs_epi16(a, b); });
     fma_ns = chains_ns_per_op([](__m256i a, __m256i) {  // converges to 1.0: no subnormal operands
       return _mm256_castps_si256(
